@@ -1,0 +1,40 @@
+# etl: see README.md. Every target creates .venv on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SRC ?= examples/raw/
+DST ?= parquet/
+SEQ_LEN ?= 2048
+TOKENIZER ?= bytes
+TEMPLATE ?= ngpt
+CONFIG ?=
+ETL_FLAGS = --tokenizer $(TOKENIZER) --template $(TEMPLATE) --seq-len $(SEQ_LEN) $(if $(CONFIG),--config $(CONFIG),)
+
+.PHONY: venv etl test stats bench lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+etl: $(STAMP)
+	$(BIN)/etl run $(SRC) $(DST) $(ETL_FLAGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 tests
+
+stats: $(STAMP)
+	$(BIN)/etl stats $(DST)
+
+bench: $(STAMP)
+	$(BIN)/python bench/etl_throughput.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check etl tests bench
+
+clean:
+	rm -rf $(VENV) parquet/ .pytest_cache

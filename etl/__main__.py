@@ -1,0 +1,5 @@
+"""`python -m etl` is the same as the `etl` console script."""
+
+from etl.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""Column names, file names and constants of the output layout (DESIGN §4), defined once.
+
+Everything that reads or writes `DST/` imports names from here, so a rename is one edit.
+"""
+
+from __future__ import annotations
+
+IGNORE_INDEX = -100
+DEFAULT_SYSTEM_TEXT = "you are a helpful assistant."
+DEFAULT_SEQ_LEN = 2048
+
+# Layout of DST/.
+MANIFEST_FILE = "_manifest.json"
+DATA_DIR = "data"
+TURNS_DIR = "turns"
+REJECTS_DIR = "_rejects"
+SPLITS = ("train", "val")
+
+# `data` columns (contract).
+ID = "id"
+SOURCE_FILE = "source_file"
+SOURCE_LINE = "source_line"
+DOMAIN = "domain"
+SPLIT = "split"
+INPUT_IDS = "input_ids"
+LOSS_MASK = "loss_mask"
+LOSS_WEIGHT = "loss_weight"
+NUM_TOKENS = "num_tokens"
+NUM_TRAINED = "num_trained"
+NUM_TURNS = "num_turns"
+NUM_TURNS_DROPPED = "num_turns_dropped"
+TRUNCATED = "truncated"
+
+# `turns` columns (contract) beyond ID / NUM_TOKENS.
+TURN_INDEX = "turn_index"
+ROLE = "role"
+START = "start"
+END = "end"
+TRAINED = "trained"
+KEPT = "kept"
+INJECTED = "injected"  # extension: the turn is the default system message etl inserted
+
+# `_rejects` columns.
+REASON = "reason"
+DETAIL = "detail"
+RAW = "raw"
+
+DEFAULT_DOMAIN = "__default__"

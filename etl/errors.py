@@ -1,0 +1,7 @@
+"""The one exception type users see: `EtlError` carries a message that says how to fix the problem."""
+
+from __future__ import annotations
+
+
+class EtlError(Exception):
+    """A user-facing error: the CLI prints its message on one line and exits non-zero."""

@@ -1,0 +1,30 @@
+"""Read and write `DST/_manifest.json`: the config, tokenizer, template, ids and counts of a run."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from etl.columns import MANIFEST_FILE
+from etl.errors import EtlError
+
+
+def read_manifest(dst: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load the manifest of a finished run, or raise an `EtlError` that says what to run."""
+    path = Path(dst) / MANIFEST_FILE
+    if not path.is_file():
+        raise EtlError(
+            f"{path} not found: {dst} is not a finished etl output; run `etl run SRC {dst}` first"
+        )
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def write_manifest(dst: str | os.PathLike[str], manifest: dict[str, Any]) -> Path:
+    """Write the manifest atomically (temp name + rename); it is the last file a run writes."""
+    path = Path(dst) / MANIFEST_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
