@@ -153,6 +153,7 @@ def write_dst(root: Path, examples: list[Example], *, counts: dict[str, Any],
     if rejects is not None:
         (root / "_rejects").mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(rejects), root / "_rejects" / "part-00000.parquet")
+    root.mkdir(parents=True, exist_ok=True)
     (root / "_manifest.json").write_text(json.dumps(manifest(counts), indent=2))
     return root
 
