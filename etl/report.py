@@ -182,11 +182,12 @@ def _draw_roles(ax: Any, roles: pa.Table) -> None:
     ax.bar(r["role"], untrained, bottom=trained, color=COLORS[0], label="kept, not trained")
     ax.bar(r["role"], r["dropped_tokens"], bottom=r["kept_tokens"], color=COLORS[3],
            label="dropped turns")
-    for x, (share, total) in enumerate(zip(r["trained_share"], r["kept_tokens"])):
+    tops = [k + d for k, d in zip(r["kept_tokens"], r["dropped_tokens"])]
+    for x, (share, top) in enumerate(zip(r["trained_share"], tops)):
         if share:  # the figure people look for: what fraction of each role carries loss
-            ax.annotate(f"{share:.0%} trained", (x, total), ha="center", va="bottom", fontsize=9)
+            ax.annotate(f"{share:.0%} trained", (x, top), ha="center", va="bottom", fontsize=9)
     ax.set_ylabel("tokens")
-    ax.margins(y=0.12)
+    ax.set_ylim(0, max(max(tops) * 1.15, 1))
     ax.legend()
 
 

@@ -1,0 +1,59 @@
+"""`etl inspect DST --row N`: one example token by token, trained tokens highlighted, turns marked."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+NAME = "inspect"
+HELP = "show one example token by token with its loss mask and turn boundaries"
+DESCRIPTION = """\
+Show one example of an etl output as text, token by token: trained tokens (loss_mask)
+highlighted, special tokens in magenta, a marker line where each kept turn starts.
+On a terminal tokens alternate shades so their boundaries show; --plain (the default
+when output is not a terminal) wraps runs of trained tokens in [[...]] instead.
+
+examples:
+  etl inspect parquet/ --row 0
+  etl inspect parquet/ --row 3 --split val --plain --token-sep '|'
+  etl inspect parquet/ --id 9f2c... | less
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `etl inspect`."""
+    parser.add_argument("dst", metavar="DST", help="output folder of `etl run`")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--row", type=int, metavar="N", help="0-based row in the split")
+    which.add_argument("--id", dest="example_id", metavar="ID", help="the example's id")
+    parser.add_argument("--split", default="train", help="split to read (default: train)")
+    style = parser.add_mutually_exclusive_group()
+    style.add_argument("--plain", action="store_true",
+                       help="plain text, trained runs in [[...]] (default when piped)")
+    style.add_argument("--color", action="store_true", help="rich styles even when piped")
+    parser.add_argument("--token-sep", default="", metavar="STR",
+                        help="plain mode: string written between tokens, e.g. '|'")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read the example and its turns, and print them."""
+    from etl.errors import EtlError
+    from etl.inspect import read_example, read_turns, render_plain, render_rich, token_strings
+    from etl.manifest import read_manifest
+
+    if args.row is not None and args.row < 0:
+        raise EtlError(f"--row must be 0 or more, got {args.row}")
+    manifest = read_manifest(args.dst)
+    example = read_example(args.dst, split=args.split, row=args.row, example_id=args.example_id)
+    turns = read_turns(args.dst, split=args.split, example_id=example["id"])
+    strings = token_strings(manifest, example["input_ids"])
+    if args.plain or not (args.color or sys.stdout.isatty()):
+        sys.stdout.write(render_plain(example, turns, strings, token_sep=args.token_sep))
+        return 0
+    from rich.console import Console
+
+    special = {int(i) for i in (manifest.get("special_ids") or {}).values()}
+    console = Console(force_terminal=True if args.color else None, highlight=False)
+    for part in render_rich(example, turns, strings, special_ids=special):
+        console.print(part)
+    return 0

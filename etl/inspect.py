@@ -1,0 +1,206 @@
+"""`etl inspect`: one example's text token by token, trained tokens highlighted, turns marked.
+
+Reads one row of `DST/data/<split>` (only its row group) and its rows of `DST/turns/<split>`,
+so it stays instant on large outputs. Two renderings: rich styles for a terminal, and plain
+text where `[[...]]` wraps every run of trained tokens (for pipes, diffs and tests).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from etl import columns as C
+from etl.errors import EtlError
+
+TRAIN_OPEN, TRAIN_CLOSE = "[[", "]]"
+# Two shades per kind: neighbouring tokens alternate, so token boundaries show in the terminal.
+# Named 256-colour shades: on 16-colour terminals they fall back to green / grey, not to one grey.
+RICH_BG = {True: ("green4", "dark_green"), False: ("grey19", "grey30")}
+RICH_FG = {True: "bold white", False: "grey70"}
+SPECIAL_STYLE = "bold magenta"
+TURN_STYLE = "bold cyan"
+
+
+def read_example(
+    dst: str | os.PathLike[str],
+    *,
+    split: str = "train",
+    row: int | None = None,
+    example_id: str | None = None,
+) -> dict[str, Any]:
+    """One example of `DST/data/<split>` as a dict of its columns (plus `row`, its index).
+
+    Args:
+        dst: output folder of `etl run`.
+        split: split folder to read.
+        row: 0-based row over the split's part files in name order.
+        example_id: find the example by `id` instead of by row.
+
+    Raises:
+        EtlError: the split does not exist, the row is out of range or the id is not found.
+    """
+    import pyarrow.parquet as pq
+
+    files = _split_files(dst, C.DATA_DIR, split)
+    offset = 0
+    for path in files:
+        meta = pq.ParquetFile(path)
+        for group in range(meta.num_row_groups):
+            n = meta.metadata.row_group(group).num_rows
+            if row is not None and offset <= row < offset + n:
+                return {**meta.read_row_group(group).slice(row - offset, 1).to_pylist()[0], "row": row}
+            if example_id is not None:
+                ids = meta.read_row_group(group, columns=[C.ID]).column(C.ID).to_pylist()
+                if example_id in ids:
+                    index = ids.index(example_id)
+                    found = meta.read_row_group(group).slice(index, 1).to_pylist()[0]
+                    return {**found, "row": offset + index}
+            offset += n
+    if example_id is not None:
+        raise EtlError(f"no example with id {example_id!r} in split {split!r}; "
+                       "list ids with `etl stats DST --query domains` or pick --row N")
+    raise EtlError(f"row {row} is out of range: split {split!r} has {offset} rows "
+                   f"(use --row 0..{max(offset - 1, 0)})")
+
+
+def read_turns(dst: str | os.PathLike[str], *, split: str, example_id: str) -> list[dict[str, Any]]:
+    """The rows of `DST/turns/<split>` of one example, by `turn_index` (empty without turns)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    root = Path(dst) / C.TURNS_DIR / split
+    files = sorted(str(p) for p in root.glob("*.parquet"))
+    if not files:
+        return []
+    table = ds.dataset(files, format="parquet").to_table(filter=pc.field(C.ID) == example_id)
+    return sorted(table.to_pylist(), key=lambda t: t[C.TURN_INDEX])
+
+
+def token_strings(manifest: dict[str, Any], ids: Sequence[int]) -> list[str]:
+    """Display string of every id, from the tokenizer recorded in the manifest."""
+    from etl.tokenizer import load_tokenizer_from_manifest
+
+    return load_tokenizer_from_manifest(manifest).token_strings(list(ids))
+
+
+def describe(example: dict[str, Any], turns: Sequence[dict[str, Any]]) -> list[str]:
+    """Header lines: where the example comes from and its counts."""
+    dropped = [t for t in turns if not t[C.KEPT]]
+    lines = [
+        f"row {example['row']} of {example[C.SPLIT]} · id {example[C.ID]} · "
+        f"{example[C.SOURCE_FILE]}:{example[C.SOURCE_LINE]} · domain {example[C.DOMAIN]}",
+        f"tokens {example[C.NUM_TOKENS]} · trained {example[C.NUM_TRAINED]} · turns "
+        f"{example[C.NUM_TURNS]} kept, {example[C.NUM_TURNS_DROPPED]} dropped · "
+        f"truncated {'yes' if example[C.TRUNCATED] else 'no'}",
+    ]
+    if dropped:
+        lines.append("dropped turns: " + ", ".join(
+            f"{t[C.TURN_INDEX]} ({t[C.ROLE]}, {t[C.NUM_TOKENS]} tokens)" for t in dropped))
+    return lines
+
+
+def turn_marker(turn: dict[str, Any]) -> str:
+    """The line printed where a kept turn starts."""
+    state = "trained" if turn[C.TRAINED] else "not trained"
+    return (f"── turn {turn[C.TURN_INDEX]} · {turn[C.ROLE]} · tokens "
+            f"[{turn[C.START]}, {turn[C.END]}) · {state} ──")
+
+
+def render_plain(
+    example: dict[str, Any],
+    turns: Sequence[dict[str, Any]],
+    strings: Sequence[str],
+    *,
+    token_sep: str = "",
+) -> str:
+    """Plain text: turn markers on their own lines, `[[...]]` around runs of trained tokens.
+
+    Args:
+        example: a row from `read_example`.
+        turns: its rows from `read_turns`.
+        strings: display string per token (`token_strings`).
+        token_sep: written between neighbouring tokens of a run, to show token boundaries.
+    """
+    out = [*describe(example, turns), f"legend: {TRAIN_OPEN}trained tokens{TRAIN_CLOSE}", ""]
+    text: list[str] = []
+    starts = _turn_starts(turns)
+    trained_run = False
+    mask = example[C.LOSS_MASK]
+    for pos, piece in enumerate(strings):
+        trained = bool(mask[pos])
+        if pos in starts or trained != trained_run:
+            if trained_run:
+                text.append(TRAIN_CLOSE)
+            for turn in starts.get(pos, ()):
+                if text and not text[-1].endswith("\n"):
+                    text.append("\n")
+                text.append(turn_marker(turn) + "\n")
+            if trained:
+                text.append(TRAIN_OPEN)
+            trained_run = trained
+        elif pos:
+            text.append(token_sep)
+        text.append(_printable(piece))
+    if trained_run:
+        text.append(TRAIN_CLOSE)
+    return "\n".join(out) + "\n" + "".join(text).rstrip("\n") + "\n"
+
+
+def render_rich(
+    example: dict[str, Any],
+    turns: Sequence[dict[str, Any]],
+    strings: Sequence[str],
+    *,
+    special_ids: set[int],
+) -> list[Any]:
+    """Rich renderables: header, legend, then the tokens, styled by mask, shaded by position."""
+    from rich.text import Text
+
+    header = Text("\n".join(describe(example, turns)), style="bold")
+    legend = Text.assemble(("legend: ", "dim"), ("trained", _style(True, 0, special=False)), " ",
+                           ("not trained", _style(False, 0, special=False)), " ",
+                           ("special", _style(False, 0, special=True)))
+    body = Text()
+    starts = _turn_starts(turns)
+    for pos, (tid, piece) in enumerate(zip(example[C.INPUT_IDS], strings)):
+        for turn in starts.get(pos, ()):
+            if body.plain and not body.plain.endswith("\n"):
+                body.append("\n")
+            body.append(turn_marker(turn) + "\n", style=TURN_STYLE)
+        style = _style(bool(example[C.LOSS_MASK][pos]), pos, special=tid in special_ids)
+        shown = _printable(piece)
+        # A newline token shows as a visible mark, then breaks the line as the text does.
+        body.append(shown.replace("\n", "↵"), style=style)
+        if "\n" in shown:
+            body.append("\n")
+    return [header, legend, Text(""), body]
+
+
+def _style(trained: bool, pos: int, *, special: bool) -> str:
+    return f"{SPECIAL_STYLE if special else RICH_FG[trained]} on {RICH_BG[trained][pos % 2]}"
+
+
+def _turn_starts(turns: Sequence[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    starts: dict[int, list[dict[str, Any]]] = {}
+    for turn in turns:
+        if turn[C.KEPT] and turn[C.START] is not None and turn[C.START] >= 0:
+            starts.setdefault(turn[C.START], []).append(turn)
+    return starts
+
+
+def _printable(piece: str) -> str:
+    # Control characters other than newline and tab would move the cursor or ring the bell.
+    return "".join(c if c in "\n\t" or c.isprintable() else f"\\x{ord(c):02x}" for c in piece)
+
+
+def _split_files(dst: str | os.PathLike[str], folder: str, split: str) -> list[str]:
+    root = Path(dst) / folder
+    files = sorted(str(p) for p in (root / split).glob("*.parquet"))
+    if not files:
+        splits = sorted(p.name for p in root.glob("*") if p.is_dir())
+        raise EtlError(f"split {split!r} has no Parquet files under {root}; "
+                       f"choose --split from: {', '.join(splits) or '(none: nothing was written)'}")
+    return files
