@@ -1,0 +1,49 @@
+"""`etl run SRC DST`: raw conversations -> tokenized Parquet with masks, turns, rejects, manifest."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from etl.columns import DEFAULT_SEQ_LEN
+
+NAME = "run"
+HELP = "tokenize, mask and truncate raw conversations into Parquet"
+DESCRIPTION = """Read SRC (a .jsonl/.json/.parquet file, optionally .gz/.zst, a directory or a glob),
+and write DST/data, DST/turns, DST/_rejects and DST/_manifest.json.
+
+examples:
+  etl run examples/raw parquet/
+  etl run chats.jsonl out/ --tokenizer path/to/qwen2.5 --template chatml --seq-len 4096
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", help="input file, directory or glob")
+    p.add_argument("dst", help="output directory (previous etl output there is replaced)")
+    p.add_argument("--config", help="JSON or TOML config file (seed-004 schema); flags override it")
+    p.add_argument("--tokenizer", help="`bytes` (built-in, default), a tokenizer.json, or a HF model directory")
+    p.add_argument("--template", help="ngpt (default), post_training, chatml, llama3, phi3")
+    p.add_argument("--seq-len", type=int, help=f"S, the longest input_ids an example keeps (default {DEFAULT_SEQ_LEN})")
+    p.add_argument("--no-default-system", action="store_true", help="do not insert a system message when missing")
+    p.add_argument("--engine", choices=["local"], default="local", help="execution engine (default local)")
+    p.add_argument("--chunk-mb", type=float, help="MiB of input per chunk (bounds memory; default 32)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    from etl.run import run as run_pipeline
+    from etl.settings import config_from_args
+
+    config = config_from_args(args)
+    manifest = run_pipeline(args.src, args.dst, config, progress=not args.quiet)
+    if not args.quiet:
+        n = manifest["counts"]
+        print(
+            f"etl run: read {n['read']:,}, written {n['written']:,} ({n['truncated']:,} truncated), "
+            f"dropped {sum(n['dropped'].values()):,} {n['dropped'] or ''}, "
+            f"rejected {sum(n['rejected'].values()):,} {n['rejected'] or ''}; "
+            f"{n['tokens']:,} tokens ({n['trained_tokens']:,} trained) -> {args.dst}",
+            file=sys.stderr,
+        )
+    return 0

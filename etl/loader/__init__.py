@@ -1,0 +1,40 @@
+"""Training loader: Parquet-backed torch Dataset, deterministic resumable samplers, collate, episodes.
+
+Names are imported lazily (PEP 562) so `etl export` and other torch-free users do not pay for torch.
+
+    loader = ParquetLoader("parquet/", batch_size=32, seed=0)
+    for batch in loader:  # x, y, loss_mask, attention_mask
+        loss = model(batch["x"], batch["y"])
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ParquetLoader": "dataloader",
+    "ParquetDataset": "dataset",
+    "EpochSampler": "samplers",
+    "RandomSampler": "samplers",
+    "SAMPLERS": "samplers",
+    "epoch_order": "samplers",
+    "COLLATE_FNS": "collate",
+    "collate": "collate",
+    "collate_fixed": "collate",
+    "collate_longest": "collate",
+    "resolve_pad_id": "collate",
+    "Ragged": "ragged",
+    "TorchCollate": "device",
+    "EpisodeDataLoader": "episode_loader",
+    "TrainingConfig": "config",
+    "export_episodes": "episodes",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'etl.loader' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"etl.loader.{_EXPORTS[name]}"), name)

@@ -1,0 +1,229 @@
+"""Collate (seed 000 contract, DESIGN §6): ragged examples -> padded x, y, loss_mask, attention_mask.
+
+Pure numpy: one fancy-index gather per batch from the flat token buffer, no loop per token or
+per example. Variants sit in `COLLATE_FNS`; the Parquet dataset and the episode loader share them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from etl.columns import IGNORE_INDEX
+from etl.errors import EtlError
+from etl.loader.ragged import Ragged, from_examples
+
+Truncation = Literal["right", "left"]
+
+
+class CollateFn(Protocol):
+    """Signature shared by every entry of `COLLATE_FNS`."""
+
+    def __call__(
+        self,
+        batch: Ragged,
+        *,
+        seq_len: int,
+        pad_id: int,
+        pad_multiple: int = 1,
+        use_loss_mask: bool = True,
+        mask_dtype: Any = np.bool_,
+        ignore_index: int | None = IGNORE_INDEX,
+        truncation: Truncation = "right",
+    ) -> dict[str, np.ndarray]: ...
+
+
+def resolve_pad_id(pad_id: int | None, manifest: Mapping[str, Any] | None) -> int:
+    """Pick the pad id: explicit argument, else manifest ``pad_id``, else manifest ``eot_id``.
+
+    Raises:
+        EtlError: when none of the three gives an integer.
+    """
+    if pad_id is not None:
+        return int(pad_id)
+    for key in ("pad_id", "eot_id"):
+        value = (manifest or {}).get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    raise EtlError(
+        "no pad id: the manifest has neither `pad_id` nor `eot_id`; pass pad_id=<token id> "
+        "(usually the template's end-of-turn id)"
+    )
+
+
+def gather_padded(
+    batch: Ragged, *, width: int, pad_id: int, truncation: Truncation = "right"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Pad or truncate every example to ``width`` tokens with one vectorized gather.
+
+    Args:
+        batch: the examples.
+        width: tokens per row of the result (S = T + 1).
+        pad_id: id written after the end of shorter examples.
+        truncation: ``"right"`` keeps the first ``width`` tokens (seed 002: ``t[:L]``);
+            ``"left"`` keeps the last ``width`` (the final end-of-turn survives, seed 000).
+
+    Returns:
+        ``(tokens (B, width) int64, valid (B, width) bool, mask (B, width) bool | None,
+        weight (B, width) float32 | None)``; mask and weight are 0 on padding.
+    """
+    if width < 2:
+        raise EtlError(f"seq_len must be at least 2 (S = T + 1), got {width}")
+    if truncation not in ("right", "left"):
+        raise EtlError(f"truncation must be 'right' or 'left', got {truncation!r}")
+    lengths = batch.lengths.astype(np.int64, copy=False)
+    kept = np.minimum(lengths, width)
+    first = batch.starts + (lengths - kept if truncation == "left" else 0)
+    col = np.arange(width, dtype=np.int64)
+    valid = col[None, :] < kept[:, None]
+    # Padding positions read index 0 and are overwritten: cheaper than a masked gather.
+    src = np.where(valid, first[:, None] + col[None, :], 0)
+    tokens = _gather(batch.ids, src, valid, pad_id, np.int64)
+    mask = None if batch.mask is None else _gather(batch.mask, src, valid, 0, np.bool_)
+    weight = None if batch.weight is None else _gather(batch.weight, src, valid, 0, np.float32)
+    return tokens, valid, mask, weight
+
+
+def _gather(
+    flat: np.ndarray, src: np.ndarray, valid: np.ndarray, fill: int, dtype: Any
+) -> np.ndarray:
+    """``flat[src]`` where valid, else ``fill``; an all-empty batch has nothing to index."""
+    if flat.size == 0:
+        return np.full(src.shape, fill, dtype=dtype)
+    values = flat[src]
+    if dtype is np.bool_:
+        values = values != 0  # masks may be stored as uint8 or float32 (seed 002)
+    return np.where(valid, values, fill).astype(dtype, copy=False)
+
+
+def _shift(
+    tokens: np.ndarray,
+    valid: np.ndarray,
+    mask: np.ndarray | None,
+    weight: np.ndarray | None,
+    *,
+    use_loss_mask: bool,
+    mask_dtype: Any,
+    ignore_index: int | None,
+) -> dict[str, np.ndarray]:
+    """x = t[:-1], y = t[1:]; everything about y is read at position i + 1 of the example."""
+    if use_loss_mask and mask is None:
+        raise EtlError("the data has no loss mask; pass use_loss_mask=False to train on every token")
+    trained = valid[:, 1:] & mask[:, 1:] if use_loss_mask else valid[:, 1:].copy()  # type: ignore[index]
+    y = np.ascontiguousarray(tokens[:, 1:])
+    if ignore_index is not None:
+        y[~trained] = ignore_index
+    out = {
+        "x": np.ascontiguousarray(tokens[:, :-1]),
+        "y": y,
+        "loss_mask": trained.astype(mask_dtype, copy=False),
+        "attention_mask": np.ascontiguousarray(valid[:, :-1]),
+    }
+    if weight is not None:
+        out["loss_weight"] = np.where(trained, weight[:, 1:], 0).astype(np.float32, copy=False)
+    return out
+
+
+def collate_fixed(
+    batch: Ragged,
+    *,
+    seq_len: int,
+    pad_id: int,
+    pad_multiple: int = 1,
+    use_loss_mask: bool = True,
+    mask_dtype: Any = np.bool_,
+    ignore_index: int | None = IGNORE_INDEX,
+    truncation: Truncation = "right",
+) -> dict[str, np.ndarray]:
+    """Every batch is (B, T) with T = seq_len - 1: fixed shapes, so no recompiles or allocator churn.
+
+    Trade-off: short examples pay for padding up to T (compute and memory); pick `collate_longest`
+    when lengths vary a lot and the model tolerates changing shapes.
+
+    Args:
+        batch: the examples.
+        seq_len: S = T + 1 tokens per example before the shift.
+        pad_id: id used after shorter examples (never trained).
+        pad_multiple: ignored here (kept for a common signature).
+        use_loss_mask: False trains every real token (seed 001's POST_TRAINING=False); padding
+            is never trained.
+        mask_dtype: dtype of ``loss_mask``: bool (seed 000) or np.float32 (seed 002).
+        ignore_index: value of ``y`` where not trained; None keeps the raw ids (seed 002's y).
+        truncation: which end of a too-long example survives, see `gather_padded`.
+
+    Returns:
+        ``x``, ``y`` (B, T) int64, ``loss_mask`` (B, T) aligned to y
+        (``loss_mask[:, i] = mask[i + 1]``), ``attention_mask`` (B, T) bool over x, and
+        ``loss_weight`` (B, T) float32 when the data has per-token weights.
+    """
+    del pad_multiple
+    tokens, valid, mask, weight = gather_padded(
+        batch, width=seq_len, pad_id=pad_id, truncation=truncation
+    )
+    return _shift(
+        tokens, valid, mask, weight,
+        use_loss_mask=use_loss_mask, mask_dtype=mask_dtype, ignore_index=ignore_index,
+    )
+
+
+def collate_longest(
+    batch: Ragged,
+    *,
+    seq_len: int,
+    pad_id: int,
+    pad_multiple: int = 64,
+    use_loss_mask: bool = True,
+    mask_dtype: Any = np.bool_,
+    ignore_index: int | None = IGNORE_INDEX,
+    truncation: Truncation = "right",
+) -> dict[str, np.ndarray]:
+    """Pad only to the longest example, T rounded up to ``pad_multiple`` and capped at seq_len - 1.
+
+    Trade-off: far less padding on short chats (T0 median ~120 tokens vs T = 2047), but a few
+    distinct shapes per run (bounded by seq_len / pad_multiple), which compiled models and the
+    CUDA caching allocator pay for. Arguments and result as in `collate_fixed`.
+    """
+    if pad_multiple < 1:
+        raise EtlError(f"pad_multiple must be >= 1, got {pad_multiple}")
+    longest = int(batch.lengths.max(initial=0))
+    t = -(-max(longest - 1, 1) // pad_multiple) * pad_multiple
+    return collate_fixed(
+        batch,
+        seq_len=min(t, seq_len - 1) + 1,
+        pad_id=pad_id,
+        use_loss_mask=use_loss_mask,
+        mask_dtype=mask_dtype,
+        ignore_index=ignore_index,
+        truncation=truncation,
+    )
+
+
+COLLATE_FNS: dict[str, CollateFn] = {"fixed": collate_fixed, "longest": collate_longest}
+
+
+def collate(
+    batch: Ragged | Sequence[Mapping[str, np.ndarray]],
+    *,
+    strategy: str = "fixed",
+    **options: Any,
+) -> dict[str, np.ndarray]:
+    """Collate a `Ragged` batch or a list of ``dataset[i]`` dicts with a named strategy.
+
+    Args:
+        batch: a `Ragged` (from ``dataset.__getitems__``) or per-example dicts.
+        strategy: a key of `COLLATE_FNS` (``"fixed"`` or ``"longest"``).
+        **options: keyword arguments of that function (``seq_len``, ``pad_id``, ...).
+
+    Returns:
+        The dict of numpy arrays described in `collate_fixed`.
+    """
+    try:
+        fn = COLLATE_FNS[strategy]
+    except KeyError:
+        raise EtlError(
+            f"unknown collate strategy {strategy!r}; choose one of {sorted(COLLATE_FNS)}"
+        ) from None
+    ragged = batch if isinstance(batch, Ragged) else from_examples(batch)
+    return fn(ragged, **options)

@@ -1,0 +1,154 @@
+"""`ParquetLoader`: dataset + batch sampler + collate + torch DataLoader, resumable mid-epoch.
+
+DataLoader workers prefetch ahead of the training loop, so the sampler's own position overshoots;
+the loader counts the batches it has actually handed out and that count is what it saves.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from etl.errors import EtlError
+from etl.loader.collate import COLLATE_FNS, Truncation, resolve_pad_id
+from etl.loader.dataset import ParquetDataset
+from etl.loader.device import TorchCollate, resolve_device, to_device
+from etl.loader.samplers import SAMPLERS, EpochSampler, RandomSampler
+
+
+def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values, else the initialized process group, else a single process."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return rank or 0, world_size or 1
+
+
+class ParquetLoader:
+    """Fixed-shape training batches from an ``etl run`` output, deterministic and resumable.
+
+    Iterating yields dicts of tensors on ``device``: ``x``, ``y`` (B, T) int64 (``y`` = -100 where
+    not trained), ``loss_mask`` (B, T) aligned to ``y``, ``attention_mask`` (B, T) bool. One
+    ``for`` loop is one epoch (or its remainder after a resume); the next loop starts the next.
+
+    Args:
+        dst: ``etl run`` output directory.
+        batch_size: examples per batch on this rank (B).
+        split: ``train`` or ``val``.
+        seq_len: S = T + 1; default the manifest's ``seq_len``.
+        pad_id: default the manifest's ``pad_id``, else its ``eot_id``.
+        sampler: ``epoch`` (each row once per epoch) or ``random`` (with replacement).
+        seed: base seed; epoch e uses ``seed + e``.
+        shuffle: epoch sampler only; False keeps file order.
+        drop_last: epoch sampler only; drop rows that cannot fill a batch on every rank.
+        shuffle_window: row groups mixed per shuffling window (block shuffle, see
+            `etl.loader.samplers.epoch_order`); None or 0 shuffles the whole split.
+        num_batches: random sampler only; batches per epoch.
+        collate: ``fixed`` (T = S - 1) or ``longest`` (dynamic, T rounded to ``pad_multiple``).
+        pad_multiple: rounding of T for ``longest``.
+        use_loss_mask: False trains every real token.
+        mask_dtype: ``bool`` or ``float32`` loss mask.
+        truncation: ``right`` or ``left``, for examples longer than S.
+        min_tokens: skip examples shorter than this.
+        num_workers: DataLoader worker processes (0: load in the training process).
+        rank: default from torch.distributed when initialized, else 0; world_size likewise 1.
+        device: where batches go; ``cuda`` pins memory and copies without blocking.
+        cache_row_groups: decoded row groups kept per worker (at least ``shuffle_window``).
+        weights: also deliver ``loss_weight`` when the data has it.
+    """
+
+    def __init__(
+        self,
+        dst: str | os.PathLike[str],
+        *,
+        batch_size: int,
+        split: str = "train",
+        seq_len: int | None = None,
+        pad_id: int | None = None,
+        sampler: Literal["epoch", "random"] = "epoch",
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = True,
+        shuffle_window: int | None = 8,
+        num_batches: int | None = None,
+        collate: str = "fixed",
+        pad_multiple: int = 64,
+        use_loss_mask: bool = True,
+        mask_dtype: Literal["bool", "float32"] = "bool",
+        truncation: Truncation = "right",
+        min_tokens: int = 2,
+        num_workers: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        device: str | torch.device = "cpu",
+        cache_row_groups: int = 8,
+        weights: bool = False,
+    ):
+        if sampler not in SAMPLERS:
+            raise EtlError(f"unknown sampler {sampler!r}; choose one of {sorted(SAMPLERS)}")
+        if collate not in COLLATE_FNS:
+            raise EtlError(f"unknown collate {collate!r}; choose one of {sorted(COLLATE_FNS)}")
+        if mask_dtype not in ("bool", "float32"):
+            raise EtlError(f"mask_dtype must be 'bool' or 'float32', got {mask_dtype!r}")
+        window = shuffle_window or 0
+        self.dataset = ParquetDataset(dst, split=split, min_tokens=min_tokens, weights=weights,
+                                      cache_row_groups=max(cache_row_groups, window))
+        manifest = self.dataset.manifest
+        self.seq_len = int(seq_len or manifest.get("seq_len") or 0)
+        if self.seq_len < 2:
+            raise EtlError("no seq_len: pass seq_len=S (S = T + 1) or rerun `etl run` with --seq-len")
+        self.pad_id = resolve_pad_id(pad_id, manifest)
+        self.rank, self.world_size = _rank_world(rank, world_size)
+        self.device = resolve_device(device)
+        common = dict(batch_size=batch_size, seed=seed, rank=self.rank, world_size=self.world_size)
+        if sampler == "epoch":
+            self.sampler: EpochSampler | RandomSampler = EpochSampler(
+                len(self.dataset), shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
+                blocks=self.dataset.row_groups if window else 0, mix=max(window, 1), **common,
+            )
+        else:
+            self.sampler = RandomSampler(len(self.dataset), num_batches=num_batches, **common)
+        self.collate_fn = TorchCollate(collate, dict(
+            seq_len=self.seq_len, pad_id=self.pad_id, pad_multiple=pad_multiple,
+            use_loss_mask=use_loss_mask, truncation=truncation,
+            mask_dtype=np.float32 if mask_dtype == "float32" else np.bool_,
+        ))
+        self.num_workers = num_workers
+        self.dataloader = DataLoader(
+            self.dataset, batch_sampler=self.sampler, collate_fn=self.collate_fn,
+            num_workers=num_workers, pin_memory=self.device.type == "cuda",
+        )
+        self.epoch, self.position = 0, 0
+
+    def __len__(self) -> int:
+        """Batches in the current epoch on this rank (same on every rank)."""
+        return len(self.sampler.batches(self.epoch))
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        # Rewind the sampler to what the training loop has consumed: workers may have prefetched
+        # batches that were never delivered (a `break`, or a resume).
+        self.sampler.epoch, self.sampler.position = self.epoch, self.position
+        for batch in self.dataloader:
+            self.position += 1
+            yield to_device(batch, self.device)
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first batch on the next iteration."""
+        self.epoch, self.position = int(epoch), 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """What to save in a checkpoint: epoch and batches delivered, plus the sampler settings."""
+        return {**self.sampler.state_dict(), "epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at exactly the next batch after the one the saved state had delivered."""
+        self.sampler.load_state_dict(state)
+        self.epoch, self.position = self.sampler.epoch, self.sampler.position

@@ -1,0 +1,188 @@
+"""Map-style torch Dataset over ``DST/data/<split>/*.parquet`` that reads whole row groups lazily.
+
+The row index comes from Parquet footers (plus row-group statistics for the min-tokens filter), so
+opening a split of any size costs milliseconds and no data pages; a small LRU cache per process
+(one per DataLoader worker) holds the decoded row groups in use.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch.utils.data
+
+from etl.columns import DATA_DIR, INPUT_IDS, LOSS_MASK, LOSS_WEIGHT, NUM_TOKENS
+from etl.errors import EtlError
+from etl.loader.ragged import Ragged, concat, from_arrow
+from etl.manifest import read_manifest
+
+
+class ParquetDataset(torch.utils.data.Dataset):
+    """Examples of one split of an ``etl run`` output, row-group by row-group.
+
+    ``dataset[i]`` returns ``{"input_ids": int32 array, "loss_mask": bool array}`` (views into the
+    cached row group); ``dataset.__getitems__(indices)`` (what DataLoader calls with a batch
+    sampler) returns one `Ragged` batch in the order asked, for the vectorized collate.
+
+    Args:
+        dst: an ``etl run`` output directory (with ``_manifest.json``).
+        split: ``train`` or ``val``.
+        min_tokens: skip examples shorter than this (seed 002 ``episode_min_tokens``); 0 keeps all.
+        cache_row_groups: decoded row groups kept per process (~5 bytes per token each).
+        weights: also read ``loss_weight`` when the data has it.
+    """
+
+    def __init__(
+        self,
+        dst: str | os.PathLike[str],
+        *,
+        split: str = "train",
+        min_tokens: int = 2,
+        cache_row_groups: int = 8,
+        weights: bool = False,
+    ):
+        self.dst, self.split = Path(dst), split
+        self.manifest: dict[str, Any] = read_manifest(dst)
+        self.files = sorted((self.dst / DATA_DIR / split).glob("*.parquet"))
+        if not self.files:
+            raise EtlError(
+                f"no Parquet files in {self.dst / DATA_DIR / split}; splits present: "
+                f"{sorted(p.name for p in (self.dst / DATA_DIR).glob('*')) or 'none'}"
+            )
+        self.cache_row_groups = max(1, cache_row_groups)
+        schema = pq.read_schema(self.files[0])
+        self.columns = [INPUT_IDS, LOSS_MASK]
+        if weights and LOSS_WEIGHT in schema.names:
+            self.columns.append(LOSS_WEIGHT)
+        missing = [c for c in (INPUT_IDS, LOSS_MASK) if c not in schema.names]
+        if missing:
+            raise EtlError(f"{self.files[0]} lacks columns {missing}; rerun `etl run`")
+        self._index_row_groups()
+        self._rows = self._filter(min_tokens) if min_tokens > 0 else None
+        self._reset_process_state()
+
+    def _index_row_groups(self) -> None:
+        """(file, row group) of every group and the global row where each group starts."""
+        group_file, group_index, counts, self._stats_min = [], [], [], []
+        for f, path in enumerate(self.files):
+            meta = pq.read_metadata(path)
+            col = meta.schema.names.index(NUM_TOKENS) if NUM_TOKENS in meta.schema.names else None
+            for g in range(meta.num_row_groups):
+                rg = meta.row_group(g)
+                group_file.append(f)
+                group_index.append(g)
+                counts.append(rg.num_rows)
+                stats = rg.column(col).statistics if col is not None else None
+                self._stats_min.append(stats.min if stats is not None and stats.has_min_max else None)
+        self._group_file = np.array(group_file, dtype=np.int64)
+        self._group_index = np.array(group_index, dtype=np.int64)
+        self._group_start = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+
+    def _filter(self, min_tokens: int) -> np.ndarray | None:
+        """Global rows with at least ``min_tokens`` tokens; None when every row qualifies.
+
+        Row groups whose ``num_tokens`` minimum (footer statistics) already passes are not read;
+        the others read only that int32 column (4 bytes per row).
+        """
+        keep, all_pass = [], True
+        for g in range(len(self._group_file)):
+            lo, hi = self._group_start[g], self._group_start[g + 1]
+            if self._stats_min[g] is not None and self._stats_min[g] >= min_tokens:
+                keep.append(np.arange(lo, hi, dtype=np.int64))
+                continue
+            pf = pq.ParquetFile(self.files[self._group_file[g]])
+            if NUM_TOKENS in pf.schema_arrow.names:
+                lengths = pf.read_row_group(int(self._group_index[g]), columns=[NUM_TOKENS])[0]
+            else:  # older files: derive lengths from the ids column (reads it once)
+                ids = pf.read_row_group(int(self._group_index[g]), columns=[INPUT_IDS])[0]
+                lengths = pc.list_value_length(ids)
+            ok = np.asarray(lengths.to_numpy(zero_copy_only=False)) >= min_tokens
+            all_pass &= bool(ok.all())
+            keep.append(lo + np.flatnonzero(ok))
+        return None if all_pass else np.concatenate(keep)
+
+    def _reset_process_state(self) -> None:
+        # File handles and the cache belong to one process: a forked or spawned DataLoader worker
+        # starts empty instead of sharing file offsets with its parent.
+        self._pid = os.getpid()
+        self._handles: dict[int, pq.ParquetFile] = {}
+        self._cache: OrderedDict[int, Ragged] = OrderedDict()
+        self.row_group_reads = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_handles={}, _cache=OrderedDict(), row_group_reads=0)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_process_state()
+
+    def __len__(self) -> int:
+        return int(self._group_start[-1]) if self._rows is None else len(self._rows)
+
+    @property
+    def row_groups(self) -> np.ndarray:
+        """(len,) global row-group number of every example: the block labels for the sampler."""
+        rows = self._global_rows(np.arange(len(self), dtype=np.int64))
+        return np.searchsorted(self._group_start, rows, side="right") - 1
+
+    def _global_rows(self, indices: np.ndarray) -> np.ndarray:
+        n = len(self)
+        if indices.size and (indices.min() < -n or indices.max() >= n):
+            raise IndexError(f"index out of range for a dataset of {n} rows")
+        indices = np.where(indices < 0, indices + n, indices)
+        return indices if self._rows is None else self._rows[indices]
+
+    def _row_group(self, g: int) -> Ragged:
+        """Decoded row group ``g`` (LRU cached; one read of its id/mask columns on a miss)."""
+        if os.getpid() != self._pid:
+            self._reset_process_state()
+        if g in self._cache:
+            self._cache.move_to_end(g)
+            return self._cache[g]
+        f = int(self._group_file[g])
+        if f not in self._handles:
+            self._handles[f] = pq.ParquetFile(self.files[f])
+        table = self._handles[f].read_row_group(int(self._group_index[g]), columns=self.columns)
+        self.row_group_reads += 1
+        weight = table.column(LOSS_WEIGHT) if LOSS_WEIGHT in self.columns else None
+        ragged = from_arrow(table.column(INPUT_IDS), table.column(LOSS_MASK), weight)
+        self._cache[g] = ragged
+        while len(self._cache) > self.cache_row_groups:
+            self._cache.popitem(last=False)
+        return ragged
+
+    def _locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = self._global_rows(indices)
+        groups = np.searchsorted(self._group_start, rows, side="right") - 1
+        return groups, rows - self._group_start[groups]
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        groups, local = self._locate(np.array([index], dtype=np.int64))
+        rg = self._row_group(int(groups[0]))
+        start = int(rg.starts[local[0]])
+        span = slice(start, start + int(rg.lengths[local[0]]))
+        item = {INPUT_IDS: rg.ids[span], LOSS_MASK: rg.mask[span]}  # type: ignore[index]
+        if rg.weight is not None:
+            item[LOSS_WEIGHT] = rg.weight[span]
+        return item
+
+    def __getitems__(self, indices: list[int]) -> Ragged:
+        """A whole batch: one pass per row group touched (not per example), in the order asked."""
+        groups, local = self._locate(np.asarray(indices, dtype=np.int64))
+        parts, positions = [], []
+        for g in np.unique(groups):  # a handful of row groups per batch under block shuffling
+            sel = np.flatnonzero(groups == g)
+            parts.append(self._row_group(int(g)).take(local[sel]))
+            positions.append(sel)
+        joined = concat(parts)
+        inverse = np.empty(len(indices), dtype=np.int64)
+        inverse[np.concatenate(positions)] = np.arange(len(indices))
+        return joined.reorder(inverse)

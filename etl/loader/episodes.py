@@ -1,0 +1,167 @@
+"""Seed 002's episode-indexed layout: write it from Parquet (`etl export --format episodes`), read it.
+
+``OUT/<split>/tokens.bin`` uint32 ids, ``mask.bin`` uint8 0/1 aligned to tokens, ``episodes.idx``
+16-byte records (start uint64, length uint64); ``OUT/meta.json`` (an extension) keeps the pad/eot
+ids so the loader needs no tokenizer. Episode k of a split is row k of the Parquet split.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from etl.columns import DATA_DIR, INPUT_IDS, LOSS_MASK, SPLITS
+from etl.errors import EtlError
+from etl.loader.ragged import from_arrow
+from etl.manifest import read_manifest
+
+TOKENS_FILE, MASK_FILE, INDEX_FILE, META_FILE = "tokens.bin", "mask.bin", "episodes.idx", "meta.json"
+
+
+def _export_split(files: list[Path], out: Path, *, mask: bool) -> dict[str, int]:
+    """Stream one split, row group by row group (memory: one row group), to temp files."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = [TOKENS_FILE, INDEX_FILE] + ([MASK_FILE] if mask else [])
+    handles = {n: open(out / f"{n}.tmp", "wb") for n in names}  # noqa: SIM115 (closed below)
+    episodes = tokens = 0
+    try:
+        for path in files:
+            pf = pq.ParquetFile(path)
+            for g in range(pf.num_row_groups):
+                table = pf.read_row_group(g, columns=[INPUT_IDS, LOSS_MASK])
+                rg = from_arrow(table.column(INPUT_IDS), table.column(LOSS_MASK))
+                if rg.ids.size and (rg.ids.min() < 0 or rg.ids.max() > np.iinfo(np.uint32).max):
+                    raise EtlError(f"{path}: token ids outside uint32; episodes cannot hold them")
+                rg.ids.astype(np.uint32).tofile(handles[TOKENS_FILE])
+                if mask:
+                    rg.mask.astype(np.uint8).tofile(handles[MASK_FILE])  # type: ignore[union-attr]
+                index = np.stack([rg.starts + tokens, rg.lengths], axis=1).astype(np.uint64)
+                index.tofile(handles[INDEX_FILE])
+                episodes, tokens = episodes + len(rg), tokens + int(rg.ids.size)
+    finally:
+        for h in handles.values():
+            h.close()
+    for n in names:  # rename only after every file is complete
+        os.replace(out / f"{n}.tmp", out / n)
+    if not mask:  # a mask.bin left from an earlier export would no longer match the tokens
+        (out / MASK_FILE).unlink(missing_ok=True)
+    return {"episodes": episodes, "tokens": tokens}
+
+
+def export_episodes(
+    dst: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    splits: tuple[str, ...] = SPLITS,
+    mask: bool = True,
+) -> dict[str, dict[str, int]]:
+    """Write the splits of an ``etl run`` output in seed 002's episode layout.
+
+    Args:
+        dst: ``etl run`` output directory.
+        out: dataset_dir to create (``out/train``, ``out/val``, ``out/meta.json``).
+        splits: splits to export; one that has no Parquet files in ``dst`` is skipped.
+        mask: also write ``mask.bin``.
+
+    Returns:
+        ``{split: {"episodes": n, "tokens": m}}`` for every split written.
+
+    Raises:
+        EtlError: when ``dst`` is not a finished run or none of the splits exist.
+    """
+    manifest = read_manifest(dst)
+    out = Path(out)
+    counts: dict[str, dict[str, int]] = {}
+    for split in splits:
+        files = sorted((Path(dst) / DATA_DIR / split).glob("*.parquet"))
+        if files:
+            counts[split] = _export_split(files, out / split, mask=mask)
+    if not counts:
+        raise EtlError(f"no Parquet data for splits {list(splits)} under {Path(dst) / DATA_DIR}")
+    meta = {
+        "source": str(Path(dst).resolve()),
+        "pad_id": manifest.get("pad_id"),
+        "eot_id": manifest.get("eot_id"),
+        "seq_len": manifest.get("seq_len"),
+        "tokenizer": manifest.get("tokenizer"),
+        "template": manifest.get("template"),
+        "splits": counts,
+    }
+    tmp = out / f"{META_FILE}.tmp"
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, out / META_FILE)
+    return counts
+
+
+@dataclass(frozen=True)
+class EpisodeSplit:
+    """One split of an episode dataset, memory-mapped (pages are read only when touched).
+
+    Attributes:
+        tokens: (num_tokens,) uint32 memmap.
+        index: (num_episodes, 2) uint64 (start, length), loaded into RAM (16 bytes per episode).
+        mask: uint8 or float32 memmap aligned to tokens, or None when absent or incomplete.
+        mask_note: why the mask is None (empty when it is present).
+    """
+
+    tokens: np.ndarray
+    index: np.ndarray | None
+    mask: np.ndarray | None
+    mask_note: str = ""
+
+
+def _memmap(path: Path, dtype: Any) -> np.ndarray:
+    # np.memmap refuses empty files; an empty split is a valid (if useless) file set.
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def open_split(directory: str | os.PathLike[str], *, need_index: bool = True) -> EpisodeSplit:
+    """Open ``directory`` (e.g. ``dataset_dir/train``) of the seed-002 layout.
+
+    Args:
+        directory: holds ``tokens.bin``, ``episodes.idx`` and optionally ``mask.bin``.
+        need_index: False for token_stream mode, which reads tokens only.
+
+    Raises:
+        EtlError: when a required file is missing or malformed.
+    """
+    d = Path(directory)
+    required = [TOKENS_FILE] + ([INDEX_FILE] if need_index else [])
+    missing = [n for n in required if not (d / n).is_file()]
+    if missing:
+        raise EtlError(
+            f"{d} lacks {missing}; create it with `etl export DST {d.parent} --format episodes`"
+        )
+    tokens = _memmap(d / TOKENS_FILE, np.uint32)
+    index = None
+    if (d / INDEX_FILE).is_file():
+        size = (d / INDEX_FILE).stat().st_size
+        if size % 16:
+            raise EtlError(f"{d / INDEX_FILE} is {size} bytes, not a multiple of 16: re-export it")
+        index = np.fromfile(d / INDEX_FILE, dtype=np.uint64).reshape(-1, 2)
+        if index.size and int((index[:, 0] + index[:, 1]).max()) > tokens.shape[0]:
+            raise EtlError(f"{d / INDEX_FILE} points past the end of {TOKENS_FILE}: re-export it")
+    mask, note = None, f"{MASK_FILE} absent"
+    if (d / MASK_FILE).is_file():
+        size, n = (d / MASK_FILE).stat().st_size, tokens.shape[0]
+        # The seed allows uint8 or float32 masks; the file size tells which.
+        dtype = np.uint8 if size == n else np.float32 if size == 4 * n else None
+        if dtype is None:
+            note = f"{MASK_FILE} has {size} bytes for {n} tokens (incomplete)"
+        else:
+            mask, note = _memmap(d / MASK_FILE, dtype), ""
+    return EpisodeSplit(tokens, index, mask, note)
+
+
+def read_meta(dataset_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """``meta.json`` of an exported dataset, or ``{}`` for a layout written by other tools."""
+    path = Path(dataset_dir) / META_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

@@ -1,0 +1,36 @@
+"""A progress bar over input bytes that also shows records and tokens per second (tqdm, stderr)."""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+
+
+class Progress:
+    """Bytes of input done (by whole files, as compressed sizes are all we know up front).
+
+    tqdm turns itself off when stderr is not a terminal, so logs and tests stay clean.
+    """
+
+    def __init__(self, *, total_bytes: int, enabled: bool = True) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(
+            total=total_bytes, unit="B", unit_scale=True, disable=None if enabled else True,
+            desc="etl run", dynamic_ncols=True,
+        )
+        self._started = time.perf_counter()
+
+    def update(self, records: int, tokens: int) -> None:
+        """Refresh the records and tokens/s figures after a chunk."""
+        elapsed = max(time.perf_counter() - self._started, 1e-9)
+        self._bar.set_postfix_str(f"{records:,} rec, {tokens / elapsed / 1e6:.2f}M tok/s", refresh=True)
+
+    def file_done(self, size: int) -> None:
+        self._bar.update(size)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._bar.close()

@@ -1,0 +1,191 @@
+"""Seed 000 reference: per-example serialize, mask, truncate+pad and collate, with its exact signatures.
+
+This module is deliberately plain Python over lists: it is the independent, readable
+statement of the semantics that the vectorized pipeline (`etl.stages`) and the loader's
+collate are tested against. It is not used on any hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+from etl.columns import DEFAULT_SYSTEM_TEXT, IGNORE_INDEX
+from etl.templates import NGPT_ASST, NGPT_EOT, NGPT_SYS, NGPT_USR
+
+ChatMsg = TypedDict("ChatMsg", {"role": Literal["system", "user", "assistant"], "content": str})
+ChatExample = TypedDict("ChatExample", {"messages": list[ChatMsg]})
+
+ROLE_TOKENS = {"system": NGPT_SYS, "user": NGPT_USR, "assistant": NGPT_ASST}
+
+__all__ = [
+    "DEFAULT_SYSTEM_TEXT",
+    "IGNORE_INDEX",
+    "serialize_chat_to_ids",
+    "sft_loss_mask_for_ids",
+    "pack_sft_ids_and_mask",
+    "collate_sft_batch",
+]
+
+
+def serialize_chat_to_ids(
+    ex: ChatExample,
+    *,
+    tokenizer: Any,
+    default_system_text: str,
+) -> list[int]:
+    """Returns token ids for the whole chat using the token-native (ngpt) template.
+
+    Starts with `<|ngpt_sys|> ... <|ngpt_eot|>`: the example's own system message when its
+    first message is a system message, else `default_system_text`. Every message becomes
+    `[ROLE] content [EOT]`. `tokenizer` needs `encode(text) -> list[int]` (content is always
+    encoded as text) and `token_to_id(token) -> int` for the four special tokens.
+    """
+    eot = tokenizer.token_to_id(NGPT_EOT)
+    messages = list(ex["messages"])
+    if not messages or messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": default_system_text})
+    ids: list[int] = []
+    for msg in messages:
+        ids.append(tokenizer.token_to_id(ROLE_TOKENS[msg["role"]]))
+        ids.extend(tokenizer.encode(msg["content"]))
+        ids.append(eot)
+    return ids
+
+
+def sft_loss_mask_for_ids(
+    ids: list[int],
+    *,
+    sys_id: int,
+    usr_id: int,
+    asst_id: int,
+    eot_id: int,
+) -> list[bool]:
+    """Returns the mask per token position in ids (same length).
+
+    Scanning rule of seed 000: `asst_id` enters assistant mode (the marker itself is False);
+    following tokens are True up to and including the next `eot_id`, which leaves the mode.
+    A system or user marker also leaves it. Everything else is False.
+    """
+    mask: list[bool] = []
+    in_assistant = False
+    for tok in ids:
+        if tok == asst_id:
+            in_assistant = True
+            mask.append(False)
+        elif tok in (sys_id, usr_id):
+            in_assistant = False
+            mask.append(False)
+        elif in_assistant:
+            mask.append(True)
+            if tok == eot_id:
+                in_assistant = False
+        else:
+            mask.append(False)
+    return mask
+
+
+def _segments(ids: list[int], role_ids: dict[int, str], eot_id: int) -> list[tuple[int, int, str]]:
+    """Turns as (start, end_exclusive, role): a role token up to and including the next EOT."""
+    segs: list[tuple[int, int, str]] = []
+    start: int | None = None
+    for i, tok in enumerate(ids):
+        if tok in role_ids:
+            if start is not None:  # an unterminated turn ends where the next one starts
+                segs.append((start, i, role_ids[ids[start]]))
+            start = i
+        elif tok == eot_id and start is not None:
+            segs.append((start, i + 1, role_ids[ids[start]]))
+            start = None
+    if start is not None:
+        segs.append((start, len(ids), role_ids[ids[start]]))
+    return segs
+
+
+def _drop_oldest_units(
+    ids: list[int], mask: list[bool], segs: list[tuple[int, int, str]], S: int
+) -> tuple[list[int], list[bool]]:
+    """Rule 1+2: drop whole oldest user+assistant units after the system turn until it fits.
+
+    A unit starts at each user turn (turns before the first user turn form a unit of their
+    own, which keeps imperfect alternation robust). The unit holding the final assistant turn,
+    and everything after it, is never dropped.
+    """
+    body = segs[1:] if segs and segs[0][2] == "system" else segs
+    if not body:
+        return ids, mask
+    head_end = body[0][0]
+    tail_start = body[-1][1]
+    units: list[list[tuple[int, int, str]]] = []
+    for seg in body:
+        if not units or seg[2] == "user":
+            units.append([])
+        units[-1].append(seg)
+    asst_units = [k for k, unit in enumerate(units) if any(s[2] == "assistant" for s in unit)]
+    protected = asst_units[-1] if asst_units else len(units) - 1
+    lengths = [unit[-1][1] - unit[0][0] for unit in units]
+    fixed = head_end + (len(ids) - tail_start)
+    drop = 0
+    while drop < protected and fixed + sum(lengths[drop:]) > S:
+        drop += 1
+    keep_from = units[drop][0][0]
+    return ids[:head_end] + ids[keep_from:], mask[:head_end] + mask[keep_from:]
+
+
+def pack_sft_ids_and_mask(
+    ids: list[int],
+    mask: list[bool],
+    *,
+    S: int,
+    sys_id: int,
+    usr_id: int,
+    asst_id: int,
+    eot_id: int,
+    pad_id: int,
+) -> tuple[list[int], list[bool]]:
+    """Enforces length exactly S (S = T + 1).
+
+    - left-truncate by whole turns where possible (drop oldest user+assistant pairs, never the
+      final assistant turn);
+    - if still too long, hard left-truncate: keep the last S tokens, or, when that window would
+      lose the final assistant EOT, the S tokens that end with it;
+    - right-pad with pad_id (mask False) if too short.
+
+    Returns (ids_packed, mask_packed).
+    """
+    role_ids = {sys_id: "system", usr_id: "user", asst_id: "assistant"}
+    if len(ids) > S:
+        ids, mask = _drop_oldest_units(ids, mask, _segments(ids, role_ids, eot_id), S)
+    if len(ids) > S:
+        asst_ends = [e for _, e, role in _segments(ids, role_ids, eot_id) if role == "assistant" and ids[e - 1] == eot_id]
+        stop = len(ids)
+        if asst_ends and asst_ends[-1] - 1 < len(ids) - S:
+            stop = asst_ends[-1]
+        ids, mask = ids[stop - S : stop], mask[stop - S : stop]
+    pad = S - len(ids)
+    return ids + [pad_id] * pad, mask + [False] * pad
+
+
+def collate_sft_batch(
+    packed: list[tuple[list[int], list[bool]]],
+    *,
+    T: int,
+    device: str,
+    ignore_index: int = IGNORE_INDEX,
+) -> tuple[Any, Any, Any]:
+    """Packed items have length S = T + 1.
+
+    Returns:
+        x: (B, T) int64 = ids[:-1]; y: (B, T) int64 = ids[1:] with ignore_index where the
+        mask is False; loss_mask: (B, T) bool = mask[1:] (aligned to y).
+    """
+    import torch
+
+    for ids, mask in packed:
+        if len(ids) != T + 1 or len(mask) != T + 1:
+            raise ValueError(f"packed items must have length T + 1 = {T + 1}, got {len(ids)}/{len(mask)}")
+    ids_t = torch.tensor([ids for ids, _ in packed], dtype=torch.long).reshape(len(packed), T + 1)
+    mask_t = torch.tensor([mask for _, mask in packed], dtype=torch.bool).reshape(len(packed), T + 1)
+    x = ids_t[:, :-1]
+    loss_mask = mask_t[:, 1:]
+    y = ids_t[:, 1:].masked_fill(~loss_mask, ignore_index)
+    return x.to(device), y.to(device), loss_mask.to(device)

@@ -1,0 +1,219 @@
+"""Pipeline stages over per-turn rows: each is a function `LazyFrame -> LazyFrame` that never collects.
+
+Turn rows carry `conv` (the conversation's row number in its chunk) and `turn_index`; every
+per-conversation quantity is a window expression `.over(CONV)`. The output of `plan_turns`
+is one row per turn with its piece lengths, training flags, whole-turn keep decision and the
+hard-cut window, which `etl.assemble` turns into token lists with numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import polars as pl
+import pyarrow as pa
+
+from etl.columns import END, INJECTED, KEPT, ROLE, START, TRAINED, TURN_INDEX
+
+CONV = "conv"
+CONTENT = "content"
+CONTENT_IDS = "content_ids"
+HEADER_IDS, END_IDS, SEP_IDS = "header_ids", "end_ids", "sep_ids"
+HEADER_LEN, CONTENT_LEN, END_LEN, SEP_LEN = "header_len", "content_len", "end_len", "sep_len"
+TURN_LEN = "turn_len"
+TRAIN_HEADER, TRAIN_CONTENT, TRAIN_END = "train_header", "train_content", "train_end"
+UNIT = "unit"
+POS = "pos"  # start of the turn in the conversation before the hard cut
+CUT = "cut"  # start of the kept window in the conversation
+WINDOW = "window"  # length of the kept window (<= seq_len)
+TOTAL = "total"  # conversation length after whole-turn dropping, before the hard cut
+
+Encoder = Callable[[pa.Array], pa.LargeListArray]
+
+
+@dataclass(frozen=True)
+class MaskOptions:
+    """Which pieces of which turns are trained (DESIGN §5 defaults: assistant content + end)."""
+
+    train_roles: tuple[str, ...] = ("assistant",)
+    train_header: bool = False
+    eot: str = "turn"  # turn | last | all | none
+    last_assistant_only: bool = False
+
+
+def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
+    """One row per message: (conv, turn_index, role, content, injected=False)."""
+    return (
+        records.select(
+            pl.col(CONV),
+            pl.col("messages"),
+            pl.int_ranges(0, pl.col("messages").list.len(), dtype=pl.Int32).alias(TURN_INDEX),
+        )
+        .explode(["messages", TURN_INDEX])
+        .unnest("messages")
+        .select(CONV, TURN_INDEX, ROLE, CONTENT, pl.lit(False).alias(INJECTED))
+    )
+
+
+def add_default_system(turns: pl.LazyFrame, *, enabled: bool) -> pl.LazyFrame:
+    """Seed 000: a conversation without a leading system turn gets one (content filled later)."""
+    if not enabled:
+        return turns
+    missing = (
+        turns.filter((pl.col(TURN_INDEX) == 0) & (pl.col(ROLE) != "system"))
+        .select(
+            pl.col(CONV),
+            pl.lit(-1, dtype=pl.Int32).alias(TURN_INDEX),
+            pl.lit("system").alias(ROLE),
+            pl.lit("").alias(CONTENT),
+            pl.lit(True).alias(INJECTED),
+        )
+    )
+    return (
+        pl.concat([turns, missing], how="vertical")
+        .sort([CONV, TURN_INDEX])
+        .with_columns(pl.int_range(pl.len(), dtype=pl.Int32).over(CONV).alias(TURN_INDEX))
+    )
+
+
+def tokenize_contents(turns: pl.LazyFrame, *, encode: Encoder, system_ids: list[int]) -> pl.LazyFrame:
+    """Content -> ids in one batched tokenizer call; the injected system text is encoded once."""
+
+    def encode_series(content: pl.Series) -> pl.Series:
+        return pl.Series(CONTENT_IDS, encode(content.to_arrow()), dtype=pl.List(pl.Int32))
+
+    return turns.with_columns(
+        pl.when(pl.col(INJECTED))
+        .then(pl.lit(pl.Series([system_ids], dtype=pl.List(pl.Int32))))
+        .otherwise(
+            pl.col(CONTENT)
+            .map_batches(encode_series, return_dtype=pl.List(pl.Int32))
+        )
+        .alias(CONTENT_IDS)
+    ).drop(CONTENT)
+
+
+def attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFrame:
+    """Join each turn to its role's constant header/end/separator ids and piece lengths."""
+    return (
+        turns.join(role_table.lazy(), on=ROLE, how="left", maintain_order="left")
+        .with_columns(
+            pl.col(HEADER_IDS).list.len().cast(pl.Int32).alias(HEADER_LEN),
+            pl.col(CONTENT_IDS).list.len().cast(pl.Int32).alias(CONTENT_LEN),
+            pl.col(END_IDS).list.len().cast(pl.Int32).alias(END_LEN),
+            pl.col(SEP_IDS).list.len().cast(pl.Int32).alias(SEP_LEN),
+        )
+        .with_columns(
+            (pl.col(HEADER_LEN) + pl.col(CONTENT_LEN) + pl.col(END_LEN) + pl.col(SEP_LEN)).alias(TURN_LEN)
+        )
+    )
+
+
+def mark_training(turns: pl.LazyFrame, opts: MaskOptions) -> pl.LazyFrame:
+    """Per-turn flags: is the header / content / end-of-turn of this turn trained?"""
+    is_assistant = pl.col(ROLE) == "assistant"
+    last_assistant = pl.when(is_assistant).then(pl.col(TURN_INDEX)).max().over(CONV)
+    trains = pl.col(ROLE).is_in(list(opts.train_roles))
+    if opts.last_assistant_only:
+        trains = trains & (~is_assistant | (pl.col(TURN_INDEX) == last_assistant))
+    end = {
+        "turn": trains,
+        "last": trains & (pl.col(TURN_INDEX) == last_assistant),
+        "all": pl.lit(True),
+        "none": pl.lit(False),
+    }[opts.eot]
+    return turns.with_columns(
+        (trains & pl.lit(opts.train_header)).alias(TRAIN_HEADER),
+        trains.alias(TRAIN_CONTENT),
+        end.fill_null(False).alias(TRAIN_END),
+    )
+
+
+def plan_truncation(turns: pl.LazyFrame, *, seq_len: int, bos_len: int, eos_len: int) -> pl.LazyFrame:
+    """Whole-turn dropping (rules 1-2 of seed 000) and the hard-cut window (rule 3).
+
+    Units start at each user turn; the leading system turn is never dropped and neither is
+    the unit holding the final assistant turn. Because unit lengths are positive, dropping
+    the fewest oldest units that makes the rest fit is the same as keeping every unit whose
+    tail sum (itself and all later turns) fits next to the head: one reverse cumulative sum.
+    """
+    is_head = (pl.col(TURN_INDEX) == 0) & (pl.col(ROLE) == "system")
+    last_assistant = pl.when(pl.col(ROLE) == "assistant").then(pl.col(TURN_INDEX)).max().over(CONV)
+    unit = pl.when(is_head).then(-1).otherwise((pl.col(ROLE) == "user").cum_sum().over(CONV))
+    protected = pl.coalesce(
+        pl.when(pl.col(TURN_INDEX) == last_assistant).then(pl.col(UNIT)).max().over(CONV),
+        pl.col(UNIT).max().over(CONV),
+    )
+    head_len = bos_len + eos_len + pl.when(is_head).then(pl.col(TURN_LEN)).otherwise(0).sum().over(CONV)
+    unit_tail = pl.col(TURN_LEN).cum_sum(reverse=True).over(CONV).max().over([CONV, UNIT])
+    keep_len = pl.when(pl.col("keep_whole")).then(pl.col(TURN_LEN)).otherwise(0)
+    final_eot = (
+        pl.when(pl.col(TURN_INDEX) == last_assistant)
+        .then(pl.col(POS) + pl.col(HEADER_LEN) + pl.col(CONTENT_LEN) + pl.col(END_LEN) - 1)
+        .max()
+        .over(CONV)
+    )
+    cut = (
+        pl.when(pl.col(TOTAL) <= seq_len)
+        .then(0)
+        .when(final_eot.is_null() | (final_eot >= pl.col(TOTAL) - seq_len))
+        .then(pl.col(TOTAL) - seq_len)
+        .otherwise(final_eot + 1 - seq_len)
+    )
+    return (
+        turns.with_columns(unit.cast(pl.Int32).alias(UNIT))
+        .with_columns(
+            (is_head | (pl.col(UNIT) >= protected) | (head_len + unit_tail <= seq_len)).alias("keep_whole")
+        )
+        .with_columns(
+            (bos_len + keep_len.cum_sum().over(CONV) - keep_len).alias(POS),
+            (bos_len + eos_len + keep_len.sum().over(CONV)).alias(TOTAL),
+        )
+        .with_columns(cut.alias(CUT), pl.min_horizontal(pl.col(TOTAL), seq_len).alias(WINDOW))
+    )
+
+
+def _overlap(lo: pl.Expr, hi: pl.Expr, win_lo: pl.Expr, win_hi: pl.Expr) -> pl.Expr:
+    return (hi > lo) & (pl.min_horizontal(hi, win_hi) > pl.max_horizontal(lo, win_lo))
+
+
+def place_turns(turns: pl.LazyFrame) -> pl.LazyFrame:
+    """Each turn's span in the written example (`start`/`end`, -1 when dropped), `kept`, `trained`."""
+    lo = pl.col(CUT) - pl.col(POS)  # the window in turn-relative coordinates
+    hi = lo + pl.col(WINDOW)
+    h, c, e = pl.col(HEADER_LEN), pl.col(CONTENT_LEN), pl.col(END_LEN)
+    trained = (
+        (pl.col(TRAIN_HEADER) & _overlap(pl.lit(0), h, lo, hi))
+        | (pl.col(TRAIN_CONTENT) & _overlap(h, h + c, lo, hi))
+        | (pl.col(TRAIN_END) & _overlap(h + c, h + c + e, lo, hi))
+    )
+    start = (pl.col(POS) - pl.col(CUT)).clip(0, pl.col(WINDOW))
+    end = (pl.col(POS) + pl.col(TURN_LEN) - pl.col(CUT)).clip(0, pl.col(WINDOW))
+    kept = pl.col("keep_whole") & (end > start)
+    return turns.with_columns(
+        kept.alias(KEPT),
+        pl.when(kept).then(start).otherwise(-1).cast(pl.Int32).alias(START),
+        pl.when(kept).then(end).otherwise(-1).cast(pl.Int32).alias(END),
+    ).with_columns((pl.col(KEPT) & trained).alias(TRAINED))
+
+
+def plan_turns(
+    records: pl.LazyFrame,
+    *,
+    encode: Encoder,
+    role_table: pl.DataFrame,
+    system_ids: list[int] | None,
+    mask: MaskOptions,
+    seq_len: int,
+    bos_len: int,
+    eos_len: int,
+) -> pl.LazyFrame:
+    """All per-turn stages in order: explode, default system, tokenize, template, mask, truncate."""
+    turns = explode_turns(records)
+    turns = add_default_system(turns, enabled=system_ids is not None)
+    turns = tokenize_contents(turns, encode=encode, system_ids=system_ids or [])
+    turns = attach_template(turns, role_table)
+    turns = mark_training(turns, mask)
+    turns = plan_truncation(turns, seq_len=seq_len, bos_len=bos_len, eos_len=eos_len)
+    return place_turns(turns)

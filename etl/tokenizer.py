@@ -1,0 +1,218 @@
+"""Tokenizers behind one batched interface: the built-in byte-level `bytes` and HF `tokenizers`.
+
+`encode_texts` is the only per-text work of the pipeline: it takes an Arrow string array and
+returns an Arrow `large_list<int32>` array, so callers never touch Python lists of ids.
+Message content is always encoded as text: special-token strings inside it never become
+special ids (DESIGN §3). Only `encode_template_text` maps special-token strings to their ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from etl.errors import EtlError
+
+BYTES = "bytes"
+# Strings per encode_batch call: NOTES.md measured that chunks of ~1k strings keep the
+# Rust thread pool busy without the slow-down one huge batch shows.
+ENCODE_CHUNK = 1024
+
+
+class TextTokenizer(Protocol):
+    """What the pipeline needs from a tokenizer."""
+
+    name: str
+    path: str | None
+    sha256: str | None
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode_texts(self, texts: pa.Array) -> pa.LargeListArray: ...
+
+    def special_id(self, token: str) -> int | None: ...
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]: ...
+
+
+def _offsets_to_list_array(flat: np.ndarray, offsets: np.ndarray) -> pa.LargeListArray:
+    return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(flat, pa.int32()))
+
+
+def _as_large_string(texts: pa.Array | pa.ChunkedArray) -> pa.LargeStringArray:
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks() if texts.num_chunks != 1 else texts.chunk(0)
+    if texts.null_count:
+        raise ValueError("encode_texts got null strings; the pipeline must fill them first")
+    return texts.cast(pa.large_string())
+
+
+class ByteTokenizer:
+    """Byte-level tokenizer: ids 0..255 are UTF-8 bytes, special tokens follow from 256.
+
+    Encoding is a zero-copy view of the Arrow string buffers (no per-text work at all), which
+    makes it the fastest possible tokenizer for tests and for measuring the pipeline itself.
+    """
+
+    name = BYTES
+    path = None
+    sha256 = None
+
+    def __init__(self, special_tokens: Sequence[str] = ()) -> None:
+        unique = list(dict.fromkeys(special_tokens))
+        self._special = {tok: 256 + i for i, tok in enumerate(unique)}
+        self._by_id = {i: tok for tok, i in self._special.items()}
+
+    @property
+    def vocab_size(self) -> int:
+        return 256 + len(self._special)
+
+    def encode_texts(self, texts: pa.Array) -> pa.LargeListArray:
+        arr = _as_large_string(texts)
+        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+        data = arr.buffers()[2]
+        raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+        flat = raw[offsets[0] : offsets[-1]].astype(np.int32)
+        return _offsets_to_list_array(flat, offsets - offsets[0])
+
+    def encode(self, text: str) -> list[int]:
+        """Encode one string as text (the interface `etl.sft` expects)."""
+        return list(text.encode("utf-8"))
+
+    def special_id(self, token: str) -> int | None:
+        return self._special.get(token)
+
+    def token_to_id(self, token: str) -> int | None:
+        """Alias of `special_id`, named like `tokenizers.Tokenizer.token_to_id`."""
+        return self._special.get(token)
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        return [
+            self._by_id[i] if i in self._by_id else bytes([i]).decode("latin-1") if i < 256 else f"<{i}>"
+            for i in ids
+        ]
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` tokenizer from `tokenizer.json` or a model directory."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        from tokenizers import Tokenizer
+
+        p = Path(path)
+        file = p / "tokenizer.json" if p.is_dir() else p
+        if not file.is_file():
+            raise EtlError(
+                f"tokenizer {path}: no tokenizer.json found; pass a tokenizer.json file, a Hugging "
+                "Face model directory that contains one, or `bytes`"
+            )
+        self.path = str(file)
+        self.name = str(path)
+        raw = file.read_bytes()
+        self.sha256 = hashlib.sha256(raw).hexdigest()
+        self._tok = Tokenizer.from_str(raw.decode("utf-8"))
+        # Content is data, never control: special-token strings in content encode as text.
+        self._tok.encode_special_tokens = True
+        config = file.with_name("tokenizer_config.json")
+        self.config: dict[str, Any] = json.loads(config.read_text("utf-8")) if config.is_file() else {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode_texts(self, texts: pa.Array) -> pa.LargeListArray:
+        strings = _as_large_string(texts).to_pylist()
+        ids: list[list[int]] = []
+        # The tokenizer's batched call is the one per-text step the pipeline has (DESIGN §3).
+        for start in range(0, len(strings), ENCODE_CHUNK):
+            batch = self._tok.encode_batch_fast(strings[start : start + ENCODE_CHUNK], add_special_tokens=False)
+            ids.extend(enc.ids for enc in batch)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
+        return _offsets_to_list_array(flat, offsets)
+
+    def encode(self, text: str) -> list[int]:
+        """Encode one string as text (the interface `etl.sft` expects)."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def special_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        return [self._tok.decode([int(i)], skip_special_tokens=False) for i in ids]
+
+
+def load_tokenizer(spec: str | os.PathLike[str], *, special_tokens: Sequence[str] = ()) -> TextTokenizer:
+    """Load `bytes` (built-in; registers `special_tokens` from id 256) or a tokenizer path.
+
+    Special tokens are never added to a real tokenizer's vocabulary: templates check that theirs
+    exist and fail with the missing name otherwise.
+    """
+    if str(spec) == BYTES:
+        return ByteTokenizer(special_tokens)
+    if not Path(spec).exists():
+        raise EtlError(f"tokenizer {spec} does not exist; pass `bytes`, a tokenizer.json or a model directory")
+    return HFTokenizer(spec)
+
+
+def load_tokenizer_from_manifest(manifest: dict[str, Any]) -> TextTokenizer:
+    """Rebuild the tokenizer a finished run used (for `etl inspect` and friends)."""
+    info = manifest["tokenizer"]
+    if info["name"] == BYTES:
+        specials = sorted(manifest.get("special_ids", {}).items(), key=lambda kv: kv[1])
+        return ByteTokenizer([tok for tok, _ in specials])
+    return HFTokenizer(info["path"])
+
+
+def split_on_specials(text: str, specials: Sequence[str]) -> list[tuple[str, bool]]:
+    """Split a template string into (piece, is_special) parts, longest special first."""
+    if not specials:
+        return [(text, False)] if text else []
+    pattern = "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True))
+    parts: list[tuple[str, bool]] = []
+    pos = 0
+    for m in re.finditer(pattern, text):
+        if m.start() > pos:
+            parts.append((text[pos : m.start()], False))
+        parts.append((m.group(0), True))
+        pos = m.end()
+    if pos < len(text):
+        parts.append((text[pos:], False))
+    return parts
+
+
+def encode_template_text(tokenizer: TextTokenizer, text: str, specials: Sequence[str]) -> list[int]:
+    """Encode a template string: its special tokens become their ids, the rest is text.
+
+    Raises:
+        EtlError: a special token of the template is not in the tokenizer's vocabulary.
+    """
+    ids: list[int] = []
+    for piece, is_special in split_on_specials(text, specials):
+        if is_special:
+            tid = tokenizer.special_id(piece)
+            if tid is None:
+                raise EtlError(
+                    f"template token {piece!r} is not in the vocabulary of tokenizer {tokenizer.name}; "
+                    "pick a template this tokenizer was trained with (e.g. --template chatml for Qwen, "
+                    "phi3 for Phi-3) or use --tokenizer bytes"
+                )
+            ids.append(tid)
+        else:
+            ids.extend(tokenizer.encode_texts(pa.array([piece]))[0].as_py())
+    return ids
