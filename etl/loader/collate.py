@@ -112,7 +112,7 @@ def _shift(
     if use_loss_mask and mask is None:
         raise EtlError("the data has no loss mask; pass use_loss_mask=False to train on every token")
     trained = valid[:, 1:] & mask[:, 1:] if use_loss_mask else valid[:, 1:].copy()  # type: ignore[index]
-    y = np.ascontiguousarray(tokens[:, 1:])
+    y = tokens[:, 1:].copy()  # never a view: x shares `tokens` and y is written below
     if ignore_index is not None:
         y[~trained] = ignore_index
     out = {
