@@ -1,9 +1,10 @@
--- Trained, kept assistant turns whose end-of-turn token is not trained.
--- Rule: a kept turn spans [start, end) and ends with end-of-turn then the role's separator, so
--- the end-of-turn sits at eot_pos = end - 1 - len(template.roles[role].sep_ids) (0 when the
--- manifest has no sep_ids for the role). is_eot says whether the token there is the manifest's
--- eot_id; false points at a template whose end token differs (or a wrong separator length).
--- Rows are expected when end-of-turn training is 'none' or 'last' (all but the last turn).
+-- Trained, kept assistant turns whose end-of-turn token is missing or carries no loss.
+-- Rule: a role's end-of-turn id is the last id of template.roles[role].end_ids in the manifest
+-- (the manifest's eot_id when absent), and a turn's end-of-turn is the LAST occurrence of that
+-- id inside [start, end). Content never holds special ids (DESIGN section 3), so that occurrence
+-- is the template's whatever separator follows it. eot_pos is null (has_eot false) when the turn
+-- has none, e.g. a hard cut that lost it.
+-- Rows are expected when end-of-turn training is 'none', or 'last' (all but the last turn).
 -- Parameters: $manifest (path of _manifest.json), $data (data files), $turns (turns files).
 with manifest as (
     select content::json as j
@@ -18,10 +19,10 @@ role_templates as (
     from manifest
 ),
 
-separators as (
+end_tokens as (
     select
         e.key as role,
-        coalesce(json_array_length(e.value, '$.sep_ids'), 0)::integer as sep_len
+        json_transform(e.value->'$.end_ids', '"INTEGER[]"')[-1] as end_id
     from role_templates
 ),
 
@@ -31,24 +32,21 @@ assistant_turns as (
         t.turn_index,
         t."start",
         t."end",
-        (t."end" - 1 - coalesce(s.sep_len, 0))::bigint as eot_pos
+        coalesce(x.end_id, (select (j->>'$.eot_id')::integer from manifest)) as end_id
     from read_parquet($turns) as t
-    left join separators as s
-        on s.role = t.role
+    left join end_tokens as x
+        on x.role = t.role
     where t.role = 'assistant' and t.kept and t.trained
 ),
 
-checked as (
+located as (
     select
         e.split,
-        a.id,
-        a.turn_index,
-        a."start",
-        a."end",
-        a.eot_pos,
-        -- guard: a negative DuckDB list index counts from the end
-        case when a.eot_pos >= a."start" then e.input_ids[a.eot_pos + 1] end as token_id,
-        case when a.eot_pos >= a."start" then e.loss_mask[a.eot_pos + 1]::integer end as eot_mask
+        a.*,
+        list_slice(e.loss_mask, a."start" + 1, a."end") as turn_mask,
+        -- list_position finds the first match: search the reversed turn for the last one
+        list_position(list_reverse(list_slice(e.input_ids, a."start" + 1, a."end")), a.end_id)
+            as from_end
     from assistant_turns as a
     inner join read_parquet($data) as e
         on e.id = a.id
@@ -61,11 +59,12 @@ final as (
         turn_index,
         "start",
         "end",
-        eot_pos,
-        token_id,
-        coalesce(token_id = (select (j->>'$.eot_id')::integer from manifest), false) as is_eot
-    from checked
-    where coalesce(eot_mask, 0) = 0
+        end_id,
+        ("end" - from_end)::bigint as eot_pos,
+        from_end is not null as has_eot
+    from located
+    where from_end is null
+        or coalesce(turn_mask[len(turn_mask) - from_end + 1]::integer, 0) = 0
     order by split, id, turn_index
 )
 

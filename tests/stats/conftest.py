@@ -1,161 +1,16 @@
-"""Hand-made etl outputs (DST folders) for the stats, report, inspect and notebook tests.
-
-Examples are built from readable turns with the `bytes` tokenizer (ids 0..255 = UTF-8 bytes,
-specials from 256), written with pyarrow in the contract layout, so every figure is known.
-"""
+"""Fixtures of the stats tests: hand-made DST folders (see stats_fixtures.py) and real output."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-SPECIAL = {"<|sys|>": 256, "<|usr|>": 257, "<|asst|>": 258, "<|eot|>": 259}
-HEADER = {"system": 256, "user": 257, "assistant": 258}
-EOT = 259
-SEP = [10]  # "\n" after every end-of-turn, for every role
-SEQ_LEN = 128
-REPO = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class Turn:
-    """One message: dropped turns keep their would-be length but get no offsets."""
-
-    role: str
-    text: str
-    kept: bool = True
-    trained: bool | None = None  # None: trained iff assistant
-    eot_trained: bool = True
-
-
-@dataclass
-class Example:
-    id: str
-    split: str
-    domain: str
-    turns: list[Turn]
-    part: int = 0
-    source_line: int = 0
-    truncated: bool = False
-    rows: dict[str, Any] = field(default_factory=dict)
-
-
-def _serialize(example: Example) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    ids: list[int] = []
-    mask: list[bool] = []
-    turn_rows = []
-    for index, turn in enumerate(example.turns):
-        content = list(turn.text.encode("utf-8"))
-        trained = turn.role == "assistant" if turn.trained is None else turn.trained
-        pieces = [HEADER[turn.role], *content, EOT, *SEP]
-        if not turn.kept:
-            turn_rows.append(dict(turn_index=index, role=turn.role, start=-1, end=-1,
-                                  num_tokens=len(pieces), trained=trained, kept=False))
-            continue
-        start = len(ids)
-        ids += pieces
-        mask += [False] + [trained] * len(content) + [trained and turn.eot_trained] + [False] * len(SEP)
-        turn_rows.append(dict(turn_index=index, role=turn.role, start=start, end=len(ids),
-                              num_tokens=len(pieces), trained=trained, kept=True))
-    row = dict(
-        id=example.id, source_file=f"raw/{example.domain}.jsonl", source_line=example.source_line,
-        domain=example.domain, split=example.split, input_ids=ids, loss_mask=mask,
-        num_tokens=len(ids), num_trained=sum(mask),
-        num_turns=sum(t.kept for t in example.turns),
-        num_turns_dropped=sum(not t.kept for t in example.turns), truncated=example.truncated,
-    )
-    return row, [dict(id=example.id, **t) for t in turn_rows]
-
-
-SYS = Turn("system", "you are a helpful assistant.")
-
-EXAMPLES = [
-    Example("ex-math-1", "train", "math", [SYS, Turn("user", "what is 2+2?"), Turn("assistant", "4.")]),
-    Example("ex-code-1", "train", "code", [
-        Turn("system", "be terse."), Turn("user", "print hi"), Turn("assistant", "print('hi')"),
-        Turn("user", "and bye?"), Turn("assistant", "print('bye')")], source_line=1),
-    Example("ex-math-2", "train", "math", [
-        SYS, Turn("user", "an old question", kept=False), Turn("assistant", "an old answer", kept=False),
-        Turn("user", "new q"), Turn("assistant", "new a")], source_line=2, truncated=True),
-    Example("ex-chat-1", "train", "__default__", [
-        SYS, Turn("user", "hello"), Turn("assistant", "hi there! how can i help you today?",
-                                             eot_trained=False)], part=1),
-    Example("ex-code-2", "train", "code", [
-        SYS, Turn("user", "only the user speaks"), Turn("assistant", "not trained", trained=False)],
-        part=1, source_line=3),
-    Example("ex-chat-2", "train", "__default__", [
-        SYS, Turn("user", "tell me a long story about parquet files and duckdb"),
-        Turn("assistant", "once upon a time a column met a row group and they compressed happily")],
-        part=1, source_line=4),
-    Example("ex-math-3", "val", "math", [SYS, Turn("user", "1+1"), Turn("assistant", "2")]),
-    Example("ex-code-3", "val", "code", [
-        SYS, Turn("user", "unicode?"), Turn("assistant", "ünï", trained=False),
-        Turn("user", "again"), Turn("assistant", "cödé ✓")], source_line=5),
-]
-
-REJECTS = [
-    dict(source_file="raw/math.jsonl", source_line=7, reason="invalid_json", detail="line 1: bad", raw="{"),
-    dict(source_file="raw/code.jsonl", source_line=9, reason="invalid_json", detail="line 1: eof", raw="[1"),
-    dict(source_file="raw/code.jsonl", source_line=2, reason="missing_messages", detail="no messages",
-         raw="{}"),
-]
-
-COUNTS = {
-    "read": 14, "written": 8, "truncated": 1,
-    "dropped": {"too_long": 1, "no_trained_tokens": 2},
-    "rejected": {"invalid_json": 2, "missing_messages": 1},
-}
-
-DATA_SCHEMA = pa.schema([
-    ("id", pa.string()), ("source_file", pa.string()), ("source_line", pa.int64()),
-    ("domain", pa.string()), ("split", pa.string()), ("input_ids", pa.list_(pa.int32())),
-    ("loss_mask", pa.list_(pa.bool_())), ("num_tokens", pa.int32()), ("num_trained", pa.int32()),
-    ("num_turns", pa.int32()), ("num_turns_dropped", pa.int32()), ("truncated", pa.bool_()),
-])
-TURNS_SCHEMA = pa.schema([
-    ("id", pa.string()), ("turn_index", pa.int32()), ("role", pa.string()), ("start", pa.int32()),
-    ("end", pa.int32()), ("num_tokens", pa.int32()), ("trained", pa.bool_()), ("kept", pa.bool_()),
-])
-
-
-def manifest(counts: dict[str, Any]) -> dict[str, Any]:
-    roles = {r: {"header_ids": [h], "end_ids": [EOT], "sep_ids": SEP} for r, h in HEADER.items()}
-    return {
-        "seq_len": SEQ_LEN, "pad_id": EOT, "eot_id": EOT,
-        "tokenizer": {"name": "bytes", "path": None, "sha256": None, "vocab_size": 260},
-        "template": {"name": "fixture", "roles": roles},
-        "special_ids": SPECIAL, "counts": counts, "splits": {"train": 6, "val": 2},
-    }
-
-
-def write_dst(root: Path, examples: list[Example], *, counts: dict[str, Any],
-              rejects: list[dict[str, Any]] | None) -> Path:
-    """Write examples in the DESIGN §4 layout (one part file per (split, part))."""
-    groups: dict[tuple[str, int], list[Example]] = {}
-    for ex in examples:
-        groups.setdefault((ex.split, ex.part), []).append(ex)
-    for (split, part), group in sorted(groups.items()):
-        rows, turns = zip(*(_serialize(ex) for ex in group))
-        for folder, table in (("data", pa.Table.from_pylist(list(rows), DATA_SCHEMA)),
-                              ("turns", pa.Table.from_pylist([t for ts in turns for t in ts],
-                                                              TURNS_SCHEMA))):
-            (root / folder / split).mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, root / folder / split / f"part-{part:05d}.parquet")
-    if rejects is not None:
-        (root / "_rejects").mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(rejects), root / "_rejects" / "part-00000.parquet")
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "_manifest.json").write_text(json.dumps(manifest(counts), indent=2))
-    return root
+from stats_fixtures import COUNTS, EXAMPLES, REJECTS, REPO, etl_cli, write_dst
 
 
 @pytest.fixture(scope="session")
@@ -184,13 +39,6 @@ def real_dst(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert proc.returncode == 0, proc.stderr
     return out
-
-
-def etl_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `python -m etl ARGS` in a subprocess (what a user's shell does)."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "etl", *args], capture_output=True, text=True,
-                          env=full_env, timeout=120)
 
 
 @pytest.fixture
