@@ -118,30 +118,27 @@ def _examples(records: pl.DataFrame, plan: pl.DataFrame, built: Assembled, ctx: 
     )
 
 
-def process_chunk(source: Source, raw: pa.Table, ctx: Context) -> None:
-    """Parse, plan, assemble and write one chunk of one file; update the counts."""
-    cfg = ctx.config
-    built_rows = run_builder(ctx.con, raw, BUILDERS[cfg.input_type](roles=list(ctx.template.header), messages_key=cfg.messages_key))
-    ctx.counts.read += built_rows.num_rows
-    bad = built_rows.filter(built_rows.column(c.REASON).is_valid())
-    good = built_rows.filter(built_rows.column(c.REASON).is_null())
-    part = f"part-{ctx.parts:05d}.parquet"
-    if bad.num_rows:
-        ctx.counts.rejected.update(bad.column(c.REASON).to_pylist())
-        write_part(_rejects_table(source, bad), ctx.dst / c.REJECTS_DIR / part)
-    if good.num_rows == 0:
-        ctx.parts += 1
-        return
-    records = (
-        pl.from_arrow(good.select(["source_line", "messages"]))
+def records_frame(source_name: str, good: pa.Table) -> pl.DataFrame:
+    """Canonical per-conversation rows of one chunk: conv number, id, source, domain, split."""
+    return (
+        pl.from_arrow(good.select([c.SOURCE_LINE, "messages"]))
         .with_row_index(st.CONV)
         .with_columns(
-            pl.lit(source.name).alias(c.SOURCE_FILE),
-            pl.concat_str([pl.lit(source.name + ":"), pl.col(c.SOURCE_LINE).cast(pl.String)]).alias(c.ID),
+            pl.lit(source_name).alias(c.SOURCE_FILE),
+            pl.concat_str([pl.lit(source_name + ":"), pl.col(c.SOURCE_LINE).cast(pl.String)]).alias(c.ID),
             pl.lit(c.DEFAULT_DOMAIN).alias(c.DOMAIN),
             pl.lit("train").alias(c.SPLIT),
         )
     )
+
+
+def build_examples(records: pl.DataFrame, ctx: Context) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Examples (one row per conversation, all columns of `data`) and the per-turn plan.
+
+    Conversations with no trained token are still in the result (num_trained == 0); the
+    caller drops them with a reason.
+    """
+    cfg = ctx.config
     plan = st.plan_turns(
         records.lazy(),
         encode=ctx.tokenizer.encode_texts,
@@ -152,15 +149,32 @@ def process_chunk(source: Source, raw: pa.Table, ctx: Context) -> None:
         bos_len=len(ctx.template.bos),
         eos_len=len(ctx.template.eos),
     ).collect()
-    examples = _examples(records, plan, assemble(plan, bos_ids=ctx.template.bos, eos_ids=ctx.template.eos), ctx)
-    no_trained = examples.filter(pl.col(c.NUM_TRAINED) == 0)
-    ctx.counts.dropped[NO_TRAINED] += no_trained.height
-    examples = examples.filter(pl.col(c.NUM_TRAINED) > 0)
-    _write_examples(examples, plan, records, part, ctx)
+    built = assemble(plan, bos_ids=ctx.template.bos, eos_ids=ctx.template.eos)
+    return _examples(records, plan, built, ctx), plan
+
+
+def process_chunk(source: Source, raw: pa.Table, ctx: Context) -> None:
+    """Parse, plan, assemble and write one chunk of one file; update the counts."""
+    cfg = ctx.config
+    query = BUILDERS[cfg.input_type](roles=list(ctx.template.header), messages_key=cfg.messages_key)
+    parsed = run_builder(ctx.con, raw, query)
+    ctx.counts.read += parsed.num_rows
+    bad = parsed.filter(parsed.column(c.REASON).is_valid())
+    good = parsed.filter(parsed.column(c.REASON).is_null())
+    part = f"part-{ctx.parts:05d}.parquet"
     ctx.parts += 1
+    if bad.num_rows:
+        ctx.counts.rejected.update(bad.column(c.REASON).to_pylist())
+        write_part(_rejects_table(source, bad), ctx.dst / c.REJECTS_DIR / part)
+    if good.num_rows == 0:
+        return
+    records = records_frame(source.name, good)
+    examples, plan = build_examples(records, ctx)
+    ctx.counts.dropped[NO_TRAINED] += int((examples[c.NUM_TRAINED] == 0).sum())
+    _write_examples(examples.filter(pl.col(c.NUM_TRAINED) > 0), plan, part, ctx)
 
 
-def _write_examples(examples: pl.DataFrame, plan: pl.DataFrame, records: pl.DataFrame, part: str, ctx: Context) -> None:
+def _write_examples(examples: pl.DataFrame, plan: pl.DataFrame, part: str, ctx: Context) -> None:
     counts = ctx.counts
     counts.written += examples.height
     counts.truncated += int(examples[c.TRUNCATED].sum())

@@ -146,8 +146,9 @@ def pack_sft_ids_and_mask(
 
     - left-truncate by whole turns where possible (drop oldest user+assistant pairs, never the
       final assistant turn);
-    - if still too long, hard left-truncate: keep the last S tokens, or, when that window would
-      lose the final assistant EOT, the S tokens that end with it;
+    - if still too long, hard left-truncate: keep the S tokens that end with the final
+      assistant EOT (turns after it carry no loss; ending there keeps that EOT a target, so the
+      model learns to stop), or the last S tokens when there is no assistant turn;
     - right-pad with pad_id (mask False) if too short.
 
     Returns (ids_packed, mask_packed).
@@ -157,10 +158,9 @@ def pack_sft_ids_and_mask(
         ids, mask = _drop_oldest_units(ids, mask, _segments(ids, role_ids, eot_id), S)
     if len(ids) > S:
         asst_ends = [e for _, e, role in _segments(ids, role_ids, eot_id) if role == "assistant" and ids[e - 1] == eot_id]
-        stop = len(ids)
-        if asst_ends and asst_ends[-1] - 1 < len(ids) - S:
-            stop = asst_ends[-1]
-        ids, mask = ids[stop - S : stop], mask[stop - S : stop]
+        stop = asst_ends[-1] if asst_ends else len(ids)
+        start = max(0, stop - S)
+        ids, mask = ids[start:stop], mask[start:stop]
     pad = S - len(ids)
     return ids + [pad_id] * pad, mask + [False] * pad
 

@@ -146,7 +146,8 @@ def plan_truncation(turns: pl.LazyFrame, *, seq_len: int, bos_len: int, eos_len:
         pl.col(UNIT).max().over(CONV),
     )
     head_len = bos_len + eos_len + pl.when(is_head).then(pl.col(TURN_LEN)).otherwise(0).sum().over(CONV)
-    unit_tail = pl.col(TURN_LEN).cum_sum(reverse=True).over(CONV).max().over([CONV, UNIT])
+    # Window expressions must not nest: the inner .over would run inside the outer groups.
+    unit_tail = pl.col("tail").max().over([CONV, UNIT])
     keep_len = pl.when(pl.col("keep_whole")).then(pl.col(TURN_LEN)).otherwise(0)
     final_eot = (
         pl.when(pl.col(TURN_INDEX) == last_assistant)
@@ -154,15 +155,18 @@ def plan_truncation(turns: pl.LazyFrame, *, seq_len: int, bos_len: int, eos_len:
         .max()
         .over(CONV)
     )
-    cut = (
-        pl.when(pl.col(TOTAL) <= seq_len)
-        .then(0)
-        .when(final_eot.is_null() | (final_eot >= pl.col(TOTAL) - seq_len))
-        .then(pl.col(TOTAL) - seq_len)
-        .otherwise(final_eot + 1 - seq_len)
+    # A hard cut keeps the seq_len tokens that end with the final assistant end-of-turn:
+    # turns after it carry no loss, and ending there keeps that end-of-turn a target.
+    stop = (
+        pl.when((pl.col(TOTAL) <= seq_len) | final_eot.is_null())
+        .then(pl.col(TOTAL))
+        .otherwise(final_eot + 1)
     )
     return (
-        turns.with_columns(unit.cast(pl.Int32).alias(UNIT))
+        turns.with_columns(
+            unit.cast(pl.Int32).alias(UNIT),
+            pl.col(TURN_LEN).cum_sum(reverse=True).over(CONV).alias("tail"),
+        )
         .with_columns(
             (is_head | (pl.col(UNIT) >= protected) | (head_len + unit_tail <= seq_len)).alias("keep_whole")
         )
@@ -170,7 +174,9 @@ def plan_truncation(turns: pl.LazyFrame, *, seq_len: int, bos_len: int, eos_len:
             (bos_len + keep_len.cum_sum().over(CONV) - keep_len).alias(POS),
             (bos_len + eos_len + keep_len.sum().over(CONV)).alias(TOTAL),
         )
-        .with_columns(cut.alias(CUT), pl.min_horizontal(pl.col(TOTAL), seq_len).alias(WINDOW))
+        .with_columns(stop.alias("stop"))
+        .with_columns(pl.max_horizontal(pl.col("stop") - seq_len, 0).alias(CUT))
+        .with_columns((pl.col("stop") - pl.col(CUT)).alias(WINDOW))
     )
 
 
