@@ -1,0 +1,75 @@
+"""`etl report`: the HTML is self-contained and its PNG plots decode to real, non-blank images."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from etl.errors import EtlError
+from etl.report import COLORS, TABLES, build_report, write_report
+
+PNG = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+
+
+def decode(html: str) -> list[np.ndarray]:
+    """Every embedded plot as an RGB float array, decoded by matplotlib's PNG reader."""
+    import matplotlib.image as mpimg
+
+    return [mpimg.imread(io.BytesIO(base64.b64decode(b64)), format="png")[..., :3]
+            for b64 in PNG.findall(html)]
+
+
+def share_of_color(image: np.ndarray, hex_color: str) -> float:
+    rgb = np.array([int(hex_color[i:i + 2], 16) for i in (1, 3, 5)]) / 255
+    return float((np.abs(image - rgb).max(axis=-1) < 0.02).mean())
+
+
+def assert_not_blank(image: np.ndarray) -> None:
+    assert image.shape[0] > 200 and image.shape[1] > 300
+    assert (image < 0.9).any(axis=-1).mean() > 0.01  # axes, ticks, text, bars
+    assert len(np.unique((image * 255).astype(np.uint8).reshape(-1, 3), axis=0)) > 20
+
+
+def test_report_plots_decode_and_show_the_data(dst: Path, tmp_path: Path) -> None:
+    out = write_report(dst, tmp_path / "sub" / "report.html")
+    html = out.read_text(encoding="utf-8")
+    images = decode(html)
+    assert len(images) == 4
+    for image in images:
+        assert_not_blank(image)
+    lengths, roles, _turns, drops = images
+    assert share_of_color(roles, COLORS[2]) > 0.01  # trained tokens bar (assistant)
+    assert share_of_color(roles, COLORS[0]) > 0.05  # untrained kept tokens (system, user)
+    assert share_of_color(drops, COLORS[3]) > 0.005  # dropped reasons
+    assert share_of_color(drops, COLORS[4]) > 0.005  # rejected reasons
+    assert share_of_color(lengths, "#ffffff") < 0.97
+
+
+def test_report_is_self_contained_and_has_the_tables(dst: Path) -> None:
+    html = build_report(dst, title="fixture <report>")
+    assert "<title>fixture &lt;report&gt;</title>" in html  # autoescaped
+    assert not re.search(r'(src|href)="(https?:)?//', html)
+    assert "<script" not in html and "<link" not in html
+    for name in TABLES:
+        assert f'<h2 id="{name}">' in html
+    for figure in ("invalid_json", "bad_role", "ex-chat-1", "ex-code-2", "accounting_gap"):
+        assert figure in html
+
+
+def test_report_of_an_empty_output_still_renders(empty_dst: Path) -> None:
+    html = build_report(empty_dst)
+    images = decode(html)
+    assert len(images) == 4
+    for image in images:
+        assert_not_blank(image)
+    assert "(no rows)" in html
+
+
+def test_report_refuses_a_folder_as_output(dst: Path, tmp_path: Path) -> None:
+    with pytest.raises(EtlError, match="is a folder"):
+        write_report(dst, tmp_path)
