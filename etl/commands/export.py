@@ -12,10 +12,12 @@ from pathlib import Path
 from etl.columns import SPLITS
 
 NAME = "export"
-HELP = "Export tokenized Parquet to another layout (episodes: seed 002 tokens.bin/mask.bin/episodes.idx)."
+HELP = "Export tokenized Parquet to another layout (episodes: seed 002 tokens/mask/idx files)."
 
 
-def _episodes(dst: Path, out: Path, *, splits: tuple[str, ...], mask: bool) -> dict[str, dict[str, int]]:
+def _episodes(
+    dst: Path, out: Path, *, splits: tuple[str, ...], mask: bool
+) -> dict[str, dict[str, int]]:
     """Seed 002: OUT/<split>/tokens.bin (uint32), mask.bin (uint8), episodes.idx (uint64 pairs)."""
     from etl.loader.episodes import export_episodes  # numpy/pyarrow only; no torch
 
@@ -31,7 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", type=Path, help="directory to write")
     parser.add_argument("--format", required=True, choices=sorted(FORMATS), help="target layout")
     parser.add_argument(
-        "--splits", nargs="+", default=list(SPLITS), metavar="SPLIT",
+        "--splits",
+        nargs="+",
+        default=list(SPLITS),
+        metavar="SPLIT",
         help="splits to export (default: %(default)s); missing ones are skipped",
     )
     parser.add_argument("--no-mask", action="store_true", help="do not write the loss mask")

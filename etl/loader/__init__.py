@@ -1,4 +1,4 @@
-"""Training loader: Parquet-backed torch Dataset, deterministic resumable samplers, collate, episodes.
+"""Training loader: Parquet-backed Dataset, resumable samplers, vectorized collate, episodes.
 
 Names are imported lazily (PEP 562) so `etl export` and other torch-free users do not pay for torch.
 
@@ -31,7 +31,7 @@ _EXPORTS = {
     "export_episodes": "episodes",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""Collate (seed 000 contract, DESIGN §6): ragged examples -> padded x, y, loss_mask, attention_mask.
+"""Collate (seed 000, DESIGN §6): ragged examples -> padded x, y, loss_mask, attention_mask.
 
 Pure numpy: one fancy-index gather per batch from the flat token buffer, no loop per token or
 per example. Variants sit in `COLLATE_FNS`; the Parquet dataset and the episode loader share them.
@@ -110,8 +110,12 @@ def _shift(
 ) -> dict[str, np.ndarray]:
     """x = t[:-1], y = t[1:]; everything about y is read at position i + 1 of the example."""
     if use_loss_mask and mask is None:
-        raise EtlError("the data has no loss mask; pass use_loss_mask=False to train on every token")
-    trained = valid[:, 1:] & mask[:, 1:] if use_loss_mask else valid[:, 1:].copy()  # type: ignore[index]
+        raise EtlError(
+            "the data has no loss mask; pass use_loss_mask=False to train on every token"
+        )
+    trained = valid[:, 1:].copy()
+    if use_loss_mask:
+        trained &= mask[:, 1:]  # type: ignore[index]
     y = tokens[:, 1:].copy()  # never a view: x shares `tokens` and y is written below
     if ignore_index is not None:
         y[~trained] = ignore_index
@@ -137,7 +141,7 @@ def collate_fixed(
     ignore_index: int | None = IGNORE_INDEX,
     truncation: Truncation = "right",
 ) -> dict[str, np.ndarray]:
-    """Every batch is (B, T) with T = seq_len - 1: fixed shapes, so no recompiles or allocator churn.
+    """Every batch is (B, T), T = seq_len - 1: fixed shapes, no recompiles or allocator churn.
 
     Trade-off: short examples pay for padding up to T (compute and memory); pick `collate_longest`
     when lengths vary a lot and the model tolerates changing shapes.
@@ -163,8 +167,13 @@ def collate_fixed(
         batch, width=seq_len, pad_id=pad_id, truncation=truncation
     )
     return _shift(
-        tokens, valid, mask, weight,
-        use_loss_mask=use_loss_mask, mask_dtype=mask_dtype, ignore_index=ignore_index,
+        tokens,
+        valid,
+        mask,
+        weight,
+        use_loss_mask=use_loss_mask,
+        mask_dtype=mask_dtype,
+        ignore_index=ignore_index,
     )
 
 

@@ -1,4 +1,4 @@
-"""The ``<training>`` XML block of seed 002: dataset_mode, sampling, epoch flags, pad id, min tokens.
+"""Seed 002's ``<training>`` XML block: dataset_mode, sampling, epoch flags, pad id, min tokens.
 
 Unknown tags are ignored (the block belongs to a larger training config); a known tag with a bad
 value is an `EtlError` that names the tag.
@@ -50,7 +50,9 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         if self.dataset_mode not in DATASET_MODES:
-            raise EtlError(f"<dataset_mode> must be one of {DATASET_MODES}, got {self.dataset_mode!r}")
+            raise EtlError(
+                f"<dataset_mode> must be one of {DATASET_MODES}, got {self.dataset_mode!r}"
+            )
         if self.batch_sampling_mode not in (None, *SAMPLING_MODES):
             raise EtlError(
                 f"<batch_sampling_mode> must be one of {SAMPLING_MODES}, "

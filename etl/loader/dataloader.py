@@ -98,34 +98,77 @@ class ParquetLoader:
         if mask_dtype not in ("bool", "float32"):
             raise EtlError(f"mask_dtype must be 'bool' or 'float32', got {mask_dtype!r}")
         window = shuffle_window or 0
-        self.dataset = ParquetDataset(dst, split=split, min_tokens=min_tokens, weights=weights,
-                                      cache_row_groups=max(cache_row_groups, window))
+        self.dataset = ParquetDataset(
+            dst,
+            split=split,
+            min_tokens=min_tokens,
+            weights=weights,
+            cache_row_groups=max(cache_row_groups, window),
+        )
         manifest = self.dataset.manifest
         self.seq_len = int(seq_len or manifest.get("seq_len") or 0)
         if self.seq_len < 2:
-            raise EtlError("no seq_len: pass seq_len=S (S = T + 1) or rerun `etl run` with --seq-len")
+            raise EtlError(
+                "no seq_len: pass seq_len=S (S = T + 1) or rerun `etl run` with --seq-len"
+            )
         self.pad_id = resolve_pad_id(pad_id, manifest)
         self.rank, self.world_size = _rank_world(rank, world_size)
         self.device = resolve_device(device)
-        common = dict(batch_size=batch_size, seed=seed, rank=self.rank, world_size=self.world_size)
-        if sampler == "epoch":
-            self.sampler: EpochSampler | RandomSampler = EpochSampler(
-                len(self.dataset), shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
-                blocks=self.dataset.row_groups if window else 0, mix=max(window, 1), **common,
-            )
-        else:
-            self.sampler = RandomSampler(len(self.dataset), num_batches=num_batches, **common)
-        self.collate_fn = TorchCollate(collate, dict(
-            seq_len=self.seq_len, pad_id=self.pad_id, pad_multiple=pad_multiple,
-            use_loss_mask=use_loss_mask, truncation=truncation,
-            mask_dtype=np.float32 if mask_dtype == "float32" else np.bool_,
-        ))
+        self.sampler = self._make_sampler(
+            sampler,
+            batch_size=batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            window=window,
+            num_batches=num_batches,
+            num_workers=num_workers,
+        )
+        options = {
+            "seq_len": self.seq_len,
+            "pad_id": self.pad_id,
+            "pad_multiple": pad_multiple,
+            "use_loss_mask": use_loss_mask,
+            "truncation": truncation,
+            "mask_dtype": np.float32 if mask_dtype == "float32" else np.bool_,
+        }
+        self.collate_fn = TorchCollate(collate, options)
         self.num_workers = num_workers
         self.dataloader = DataLoader(
-            self.dataset, batch_sampler=self.sampler, collate_fn=self.collate_fn,
-            num_workers=num_workers, pin_memory=self.device.type == "cuda",
+            self.dataset,
+            batch_sampler=self.sampler,
+            collate_fn=self.collate_fn,
+            num_workers=num_workers,
+            pin_memory=self.device.type == "cuda",
         )
         self.epoch, self.position = 0, 0
+
+    def _make_sampler(
+        self,
+        kind: str,
+        *,
+        batch_size: int,
+        seed: int,
+        shuffle: bool,
+        drop_last: bool,
+        window: int,
+        num_batches: int | None,
+        num_workers: int,
+    ) -> EpochSampler | RandomSampler:
+        common = {"batch_size": batch_size, "seed": seed, "rank": self.rank}
+        common["world_size"] = self.world_size
+        if kind == "random":
+            return RandomSampler(len(self.dataset), num_batches=num_batches, **common)
+        return EpochSampler(
+            len(self.dataset),
+            shuffle=shuffle,
+            drop_last=drop_last,
+            num_workers=num_workers,
+            # Row groups as shuffle blocks: a window of `window` groups fits the cache.
+            blocks=self.dataset.row_groups if window and shuffle else 0,
+            mix=max(window, 1),
+            **common,
+        )
 
     def __len__(self) -> int:
         """Batches in the current epoch on this rank (same on every rank)."""

@@ -79,7 +79,9 @@ class ParquetDataset(torch.utils.data.Dataset):
                 group_index.append(g)
                 counts.append(rg.num_rows)
                 stats = rg.column(col).statistics if col is not None else None
-                self._stats_min.append(stats.min if stats is not None and stats.has_min_max else None)
+                self._stats_min.append(
+                    stats.min if stats is not None and stats.has_min_max else None
+                )
         self._group_file = np.array(group_file, dtype=np.int64)
         self._group_index = np.array(group_index, dtype=np.int64)
         self._group_start = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])

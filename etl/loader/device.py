@@ -19,7 +19,7 @@ from etl.loader.ragged import Ragged
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """``device`` as a torch.device; a CUDA request without CUDA falls back to CPU with a warning."""
+    """``device`` as a torch.device; asking for CUDA without CUDA warns and gives the CPU."""
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         warnings.warn("CUDA is not available: loading batches to the CPU instead", stacklevel=2)
@@ -68,5 +68,7 @@ class TorchCollate:
     strategy: str = "fixed"
     options: dict[str, Any] = field(default_factory=dict)
 
-    def __call__(self, batch: Ragged | Sequence[Mapping[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    def __call__(
+        self, batch: Ragged | Sequence[Mapping[str, np.ndarray]]
+    ) -> dict[str, torch.Tensor]:
         return to_torch(collate(batch, strategy=self.strategy, **self.options))

@@ -76,7 +76,9 @@ class EpisodeDataLoader:
             if (self.dataset_dir / split).is_dir():
                 self._open(split)
         if not self.splits:
-            raise EtlError(f"{self.dataset_dir} has neither train/ nor val/; run `etl export` first")
+            raise EtlError(
+                f"{self.dataset_dir} has neither train/ nor val/; run `etl export` first"
+            )
         self._cursor = {s: {"epoch": 0, "pos": 0, "started": -1} for s in self.splits}
         self._rngs = {s: np.random.default_rng([cfg.epoch_seed, i]) for i, s in enumerate(SPLITS)}
         self._warned = False
@@ -89,7 +91,9 @@ class EpisodeDataLoader:
         for value in (self.config.pad_token_id, eos_id, meta.get("pad_id"), meta.get("eot_id")):
             if value is not None:
                 return int(value)
-        raise EtlError("no pad id: set <pad_token_id> in <training> or pass eos_id=tokenizer.eos_id")
+        raise EtlError(
+            "no pad id: set <pad_token_id> in <training> or pass eos_id=tokenizer.eos_id"
+        )
 
     def _open(self, split: str) -> None:
         data = open_split(self.dataset_dir / split, need_index=self.mode == "sft_episode")
@@ -102,13 +106,22 @@ class EpisodeDataLoader:
         log.info(
             "[EpisodeLoader] init split=%s mode=%s sampling=%s episodes=%d kept=%d "
             "(min_tokens=%d) tokens=%d mask=%s%s",
-            split, self.mode, self.sampling, n, kept, min_tokens, data.tokens.shape[0],
-            _flag(data.mask is not None), f" ({data.mask_note})" if data.mask_note else "",
+            split,
+            self.mode,
+            self.sampling,
+            n,
+            kept,
+            min_tokens,
+            data.tokens.shape[0],
+            _flag(data.mask is not None),
+            f" ({data.mask_note})" if data.mask_note else "",
         )
 
     def _split(self, split: str) -> EpisodeSplit:
         if split not in self.splits:
-            raise EtlError(f"split {split!r} is not in {self.dataset_dir}; have {sorted(self.splits)}")
+            raise EtlError(
+                f"split {split!r} is not in {self.dataset_dir}; have {sorted(self.splits)}"
+            )
         return self.splits[split]
 
     def batches_per_epoch(self, split: str) -> int:
@@ -126,8 +139,13 @@ class EpisodeDataLoader:
         log.info(
             "[EpisodeLoader] split=%s epoch=%d episodes=%d batches=%d shuffle=%s drop_last=%s "
             "pad_id=%d mask=%s",
-            split, epoch, len(self.episode_ids[split]), self.batches_per_epoch(split),
-            _flag(self.config.epoch_shuffle), _flag(self.config.epoch_drop_last), self.pad_id,
+            split,
+            epoch,
+            len(self.episode_ids[split]),
+            self.batches_per_epoch(split),
+            _flag(self.config.epoch_shuffle),
+            _flag(self.config.epoch_drop_last),
+            self.pad_id,
             _flag(self._mask_on(split)),
         )
 
@@ -139,15 +157,24 @@ class EpisodeDataLoader:
             if self.sampling == "epoch":
                 plan = epoch_order(n, seed=cfg.epoch_seed, epoch=epoch, shuffle=cfg.epoch_shuffle)
             else:
-                plan = random_rows(n, seed=cfg.epoch_seed, epoch=epoch,
-                                   num_batches=self.batches_per_epoch(split),
-                                   batch_size=self.batch_size)
+                plan = random_rows(
+                    n,
+                    seed=cfg.epoch_seed,
+                    epoch=epoch,
+                    num_batches=self.batches_per_epoch(split),
+                    batch_size=self.batch_size,
+                )
             cached = self._plans[split] = (epoch, plan)
         return cached[1]
 
     def _next_epoch_ids(self, split: str) -> np.ndarray:
         """Next B episode positions in epoch mode, continuing into the next epoch when needed."""
-        c, n, b, cfg = self._cursor[split], len(self.episode_ids[split]), self.batch_size, self.config
+        c, n, b, cfg = (
+            self._cursor[split],
+            len(self.episode_ids[split]),
+            self.batch_size,
+            self.config,
+        )
         if n == 0 or (cfg.epoch_drop_last and n < b):
             raise EtlError(f"split {split!r} has {n} episodes, fewer than batch_size {b}")
         taken: list[np.ndarray] = []
@@ -167,7 +194,9 @@ class EpisodeDataLoader:
     def _next_random_ids(self, split: str) -> np.ndarray:
         c, n = self._cursor[split], len(self.episode_ids[split])
         if n == 0:
-            raise EtlError(f"split {split!r} has no episodes with >= {self.config.episode_min_tokens} tokens")
+            raise EtlError(
+                f"split {split!r} has no episodes with >= {self.config.episode_min_tokens} tokens"
+            )
         per_epoch = self.batches_per_epoch(split)
         if c["pos"] >= per_epoch:
             c["epoch"], c["pos"] = c["epoch"] + 1, 0
@@ -197,11 +226,23 @@ class EpisodeDataLoader:
         use_mask = self._mask_on(split)
         if self.use_loss_mask and not use_mask and not self._warned:
             self._warned = True
-            warnings.warn(f"no usable mask for {split}: {data.mask_note}; returning (x, y)", stacklevel=2)
-        batch = Ragged(data.tokens, data.index[ids, 0].astype(np.int64),  # type: ignore[index]
-                       data.index[ids, 1].astype(np.int64), data.mask if use_mask else None)  # type: ignore[index]
-        out = collate_fixed(batch, seq_len=self.block_size + 1, pad_id=self.pad_id,
-                            use_loss_mask=use_mask, mask_dtype=np.float32, ignore_index=None)
+            warnings.warn(
+                f"no usable mask for {split}: {data.mask_note}; returning (x, y)", stacklevel=2
+            )
+        batch = Ragged(
+            data.tokens,
+            data.index[ids, 0].astype(np.int64),  # type: ignore[index]
+            data.index[ids, 1].astype(np.int64),
+            data.mask if use_mask else None,
+        )  # type: ignore[index]
+        out = collate_fixed(
+            batch,
+            seq_len=self.block_size + 1,
+            pad_id=self.pad_id,
+            use_loss_mask=use_mask,
+            mask_dtype=np.float32,
+            ignore_index=None,
+        )
         keys = ("x", "y", "loss_mask") if use_mask else ("x", "y")
         moved = to_device(to_torch({k: out[k] for k in keys}), self.device)
         return tuple(moved[k] for k in keys)
@@ -213,15 +254,22 @@ class EpisodeDataLoader:
             raise EtlError(f"split {split!r} has {data.tokens.shape[0]} tokens, need > block_size")
         starts = self._rngs[split].integers(0, span, size=self.batch_size, dtype=np.int64)
         window = np.full(self.batch_size, self.block_size + 1, dtype=np.int64)
-        out = collate_fixed(Ragged(data.tokens, starts, window), seq_len=self.block_size + 1,
-                            pad_id=self.pad_id, use_loss_mask=False, ignore_index=None)
+        out = collate_fixed(
+            Ragged(data.tokens, starts, window),
+            seq_len=self.block_size + 1,
+            pad_id=self.pad_id,
+            use_loss_mask=False,
+            ignore_index=None,
+        )
         moved = to_device(to_torch({"x": out["x"], "y": out["y"]}), self.device)
         return moved["x"], moved["y"]
 
     def state_dict(self) -> dict[str, Any]:
         """Per-split epoch and position, and the token_stream generators' states."""
-        return {"cursor": {s: dict(c) for s, c in self._cursor.items()},
-                "rngs": {s: r.bit_generator.state for s, r in self._rngs.items()}}
+        return {
+            "cursor": {s: dict(c) for s, c in self._cursor.items()},
+            "rngs": {s: r.bit_generator.state for s, r in self._rngs.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly after the batch the saved state had returned."""

@@ -1,4 +1,4 @@
-"""Seed 002's episode-indexed layout: write it from Parquet (`etl export --format episodes`), read it.
+"""Seed 002's episode layout: written from Parquet (`etl export --format episodes`) and read back.
 
 ``OUT/<split>/tokens.bin`` uint32 ids, ``mask.bin`` uint8 0/1 aligned to tokens, ``episodes.idx``
 16-byte records (start uint64, length uint64); ``OUT/meta.json`` (an extension) keeps the pad/eot
@@ -21,7 +21,12 @@ from etl.errors import EtlError
 from etl.loader.ragged import from_arrow
 from etl.manifest import read_manifest
 
-TOKENS_FILE, MASK_FILE, INDEX_FILE, META_FILE = "tokens.bin", "mask.bin", "episodes.idx", "meta.json"
+TOKENS_FILE, MASK_FILE, INDEX_FILE, META_FILE = (
+    "tokens.bin",
+    "mask.bin",
+    "episodes.idx",
+    "meta.json",
+)
 
 
 def _export_split(files: list[Path], out: Path, *, mask: bool) -> dict[str, int]:

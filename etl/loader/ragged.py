@@ -87,7 +87,9 @@ def concat(parts: Sequence[Ragged]) -> Ragged:
         starts=np.concatenate([p.starts + s for p, s in zip(parts, shift, strict=True)]),
         lengths=np.concatenate([p.lengths for p in parts]),
         mask=np.concatenate([p.mask for p in parts]) if has_mask else None,  # type: ignore[misc]
-        weight=np.concatenate([p.weight for p in parts]) if has_weight else None,  # type: ignore[misc]
+        weight=np.concatenate([p.weight for p in parts])  # type: ignore[misc]
+        if has_weight
+        else None,
     )
 
 
@@ -159,4 +161,6 @@ def from_examples(examples: Sequence[Mapping[str, np.ndarray]]) -> Ragged:
             return None
         return np.concatenate([np.asarray(e[key]) for e in examples])
 
-    return Ragged(cat(INPUT_IDS), starts, lengths, cat(LOSS_MASK), cat(LOSS_WEIGHT))  # type: ignore[arg-type]
+    ids = cat(INPUT_IDS)
+    assert ids is not None  # every example dict has input_ids
+    return Ragged(ids, starts, lengths, cat(LOSS_MASK), cat(LOSS_WEIGHT))

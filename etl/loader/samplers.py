@@ -66,8 +66,14 @@ def epoch_order(
 
 
 def random_rows(
-    num_rows: int, *, seed: int, epoch: int, num_batches: int, batch_size: int,
-    rank: int = 0, world_size: int = 1,
+    num_rows: int,
+    *,
+    seed: int,
+    epoch: int,
+    num_batches: int,
+    batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> np.ndarray:
     """Uniform draws with replacement for one "epoch" of ``num_batches`` batches on one rank.
 
@@ -113,7 +119,10 @@ def interleave_for_workers(num_batches: int, num_workers: int) -> np.ndarray:
     if num_workers <= 1:
         return np.arange(num_batches, dtype=np.int64)
     chunk = np.concatenate(
-        [np.full(len(c), i) for i, c in enumerate(np.array_split(np.arange(num_batches), num_workers))]
+        [
+            np.full(len(c), i)
+            for i, c in enumerate(np.array_split(np.arange(num_batches), num_workers))
+        ]
     )
     within = np.arange(num_batches) - np.searchsorted(chunk, chunk)
     return np.lexsort((chunk, within)).astype(np.int64, copy=False)
@@ -161,8 +170,13 @@ class _BatchSampler:
         self.epoch, self.position = int(epoch), 0
 
     def _fingerprint(self) -> dict[str, Any]:
-        return {"kind": self.kind, "num_rows": self.num_rows, "batch_size": self.batch_size,
-                "seed": self.seed, "world_size": self.world_size}
+        return {
+            "kind": self.kind,
+            "num_rows": self.num_rows,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "world_size": self.world_size,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch and batches delivered so far, plus the settings a resume must match."""
@@ -174,7 +188,9 @@ class _BatchSampler:
         Raises:
             EtlError: when the state was saved with different data or sampler settings.
         """
-        mismatch = {k: (v, state.get(k)) for k, v in self._fingerprint().items() if state.get(k) != v}
+        mismatch = {
+            k: (v, state.get(k)) for k, v in self._fingerprint().items() if state.get(k) != v
+        }
         if mismatch:
             detail = ", ".join(f"{k}: now {a}, saved {b}" for k, (a, b) in mismatch.items())
             raise EtlError(f"cannot resume: sampler settings differ ({detail}); use the saved ones")
@@ -199,11 +215,22 @@ class EpochSampler(_BatchSampler):
     kind = "epoch"
 
     def __init__(
-        self, num_rows: int, *, batch_size: int, seed: int = 0, shuffle: bool = True,
-        drop_last: bool = True, blocks: int | np.ndarray = 0, mix: int = 1, rank: int = 0,
-        world_size: int = 1, num_workers: int = 0,
+        self,
+        num_rows: int,
+        *,
+        batch_size: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = True,
+        blocks: int | np.ndarray = 0,
+        mix: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
+        num_workers: int = 0,
     ):
-        super().__init__(num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
+        super().__init__(
+            num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size
+        )
         self.shuffle, self.drop_last, self.blocks, self.mix = shuffle, drop_last, blocks, mix
         self.num_workers = num_workers
         if drop_last and num_rows < batch_size * world_size:
@@ -213,14 +240,30 @@ class EpochSampler(_BatchSampler):
             )
 
     def _fingerprint(self) -> dict[str, Any]:
-        return {**super()._fingerprint(), "shuffle": self.shuffle, "drop_last": self.drop_last,
-                "mix": self.mix, "num_workers": self.num_workers}
+        return {
+            **super()._fingerprint(),
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "mix": self.mix,
+            "num_workers": self.num_workers,
+        }
 
     def _batches(self, epoch: int) -> list[np.ndarray]:
-        order = epoch_order(self.num_rows, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
-                            blocks=self.blocks, mix=self.mix)
-        batches = split_for_rank(order, batch_size=self.batch_size, drop_last=self.drop_last,
-                                 rank=self.rank, world_size=self.world_size)
+        order = epoch_order(
+            self.num_rows,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            blocks=self.blocks,
+            mix=self.mix,
+        )
+        batches = split_for_rank(
+            order,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
         return [batches[i] for i in interleave_for_workers(len(batches), self.num_workers)]
 
 
@@ -238,18 +281,33 @@ class RandomSampler(_BatchSampler):
     kind = "random"
 
     def __init__(
-        self, num_rows: int, *, batch_size: int, seed: int = 0, num_batches: int | None = None,
-        rank: int = 0, world_size: int = 1,
+        self,
+        num_rows: int,
+        *,
+        batch_size: int,
+        seed: int = 0,
+        num_batches: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ):
-        super().__init__(num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
+        super().__init__(
+            num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size
+        )
         self.num_batches = num_batches or max(1, num_rows // (batch_size * world_size))
 
     def _fingerprint(self) -> dict[str, Any]:
         return {**super()._fingerprint(), "num_batches": self.num_batches}
 
     def _batches(self, epoch: int) -> list[np.ndarray]:
-        draws = random_rows(self.num_rows, seed=self.seed, epoch=epoch, num_batches=self.num_batches,
-                            batch_size=self.batch_size, rank=self.rank, world_size=self.world_size)
+        draws = random_rows(
+            self.num_rows,
+            seed=self.seed,
+            epoch=epoch,
+            num_batches=self.num_batches,
+            batch_size=self.batch_size,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
         return list(draws)
 
 

@@ -13,8 +13,21 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.columns import (
-    DATA_DIR, DOMAIN, ID, INPUT_IDS, LOSS_MASK, LOSS_WEIGHT, MANIFEST_FILE, NUM_TOKENS,
-    NUM_TRAINED, NUM_TURNS, NUM_TURNS_DROPPED, SOURCE_FILE, SOURCE_LINE, SPLIT, TRUNCATED,
+    DATA_DIR,
+    DOMAIN,
+    ID,
+    INPUT_IDS,
+    LOSS_MASK,
+    LOSS_WEIGHT,
+    MANIFEST_FILE,
+    NUM_TOKENS,
+    NUM_TRAINED,
+    NUM_TURNS,
+    NUM_TURNS_DROPPED,
+    SOURCE_FILE,
+    SOURCE_LINE,
+    SPLIT,
+    TRUNCATED,
 )
 
 Example = tuple[Sequence[int], Sequence[bool]]
@@ -67,10 +80,20 @@ def write_dst(
         for part, first in enumerate(range(0, max(len(examples), 1), per_file)):
             chunk = examples[first : first + per_file]
             w = None if weights is None else weights[split][first : first + per_file]
-            pq.write_table(_table(chunk, split, first, w), out / f"part-{part:05d}.parquet",
-                           row_group_size=rows_per_group)
-    meta = {"pad_id": 0, "eot_id": 1, "seq_len": 16, "tokenizer": "fixture", "template": "fixture",
-            "counts": {}, "splits": {s: len(e) for s, e in splits.items()}}
+            pq.write_table(
+                _table(chunk, split, first, w),
+                out / f"part-{part:05d}.parquet",
+                row_group_size=rows_per_group,
+            )
+    meta = {
+        "pad_id": 0,
+        "eot_id": 1,
+        "seq_len": 16,
+        "tokenizer": "fixture",
+        "template": "fixture",
+        "counts": {},
+        "splits": {s: len(e) for s, e in splits.items()},
+    }
     meta.update(manifest or {})
     (root / MANIFEST_FILE).write_text(json.dumps(meta), encoding="utf-8")
     return root

@@ -1,6 +1,6 @@
 """Run under torchrun by test_distributed: each rank writes the rows it loaded in one epoch.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 dist_script.py DST OUT_DIR
+python -m torch.distributed.run --standalone --nproc_per_node=2 dist_script.py DST OUT_DIR
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run by test_dataloader's resume test in fresh processes: take k batches and save, or resume.
 
-    python resume_script.py first DST K STATE_OUT BATCHES_OUT
-    python resume_script.py rest DST STATE_IN BATCHES_OUT
+python resume_script.py first DST K STATE_OUT BATCHES_OUT
+python resume_script.py rest DST STATE_IN BATCHES_OUT
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 from etl.loader.dataloader import ParquetLoader
 
-LOADER_ARGS = dict(batch_size=4, seq_len=16, seed=7, num_workers=2, shuffle_window=2)
+LOADER_ARGS = {"batch_size": 4, "seq_len": 16, "seed": 7, "num_workers": 2, "shuffle_window": 2}
 
 
 def dump(batches: list, path: str) -> None:

@@ -19,7 +19,9 @@ C = ([30, 31, 32, 33, 34, 35, 36], [F, F, T_, F, T_, T_, T_])
 
 
 def ragged(*examples: tuple[list[int], list[bool]]) -> Ragged:
-    return from_examples([{INPUT_IDS: np.array(i, np.int32), LOSS_MASK: np.array(m)} for i, m in examples])
+    return from_examples(
+        [{INPUT_IDS: np.array(i, np.int32), LOSS_MASK: np.array(m)} for i, m in examples]
+    )
 
 
 def test_golden_fixed_pad_and_shift() -> None:
@@ -60,10 +62,16 @@ def test_golden_truncation_right_keeps_prefix_left_keeps_end() -> None:
 
 
 def test_golden_loss_weights_align_to_y() -> None:
-    batch = from_examples([
-        {INPUT_IDS: np.array(A[0]), LOSS_MASK: np.array(A[1]), LOSS_WEIGHT: np.array([0.5, 0.5, 2, 3])},
-        {INPUT_IDS: np.array(B[0]), LOSS_MASK: np.array(B[1]), LOSS_WEIGHT: np.array([1, 1.5])},
-    ])
+    batch = from_examples(
+        [
+            {
+                INPUT_IDS: np.array(A[0]),
+                LOSS_MASK: np.array(A[1]),
+                LOSS_WEIGHT: np.array([0.5, 0.5, 2, 3]),
+            },
+            {INPUT_IDS: np.array(B[0]), LOSS_MASK: np.array(B[1]), LOSS_WEIGHT: np.array([1, 1.5])},
+        ]
+    )
     out = collate_fixed(batch, seq_len=5, pad_id=0)
     assert out["loss_weight"].dtype == np.float32
     assert out["loss_weight"].tolist() == [[0, 2, 3, 0], [1.5, 0, 0, 0]]
@@ -109,7 +117,7 @@ def test_resolve_pad_id_order() -> None:
         resolve_pad_id(None, {"tokenizer": "x"})
 
 
-def reference(examples, *, seq_len, pad_id, use_loss_mask, truncation):  # noqa: ANN001, ANN201
+def reference(examples, *, seq_len, pad_id, use_loss_mask, truncation):
     """Per-example, per-token reference: the obvious loops the vectorized code must agree with."""
     xs, ys, ms, atts = [], [], [], []
     for ids, mask in examples:
@@ -131,8 +139,10 @@ def reference(examples, *, seq_len, pad_id, use_loss_mask, truncation):  # noqa:
 
 
 example = st.integers(0, 12).flatmap(
-    lambda n: st.tuples(st.lists(st.integers(0, 2**31 - 1), min_size=n, max_size=n),
-                        st.lists(st.booleans(), min_size=n, max_size=n))
+    lambda n: st.tuples(
+        st.lists(st.integers(0, 2**31 - 1), min_size=n, max_size=n),
+        st.lists(st.booleans(), min_size=n, max_size=n),
+    )
 )
 
 
@@ -144,11 +154,20 @@ example = st.integers(0, 12).flatmap(
     use_loss_mask=st.booleans(),
     truncation=st.sampled_from(["right", "left"]),
 )
-def test_property_fixed_matches_reference(examples, seq_len, pad_id, use_loss_mask, truncation) -> None:  # noqa: ANN001
-    out = collate(ragged(*examples), strategy="fixed", seq_len=seq_len, pad_id=pad_id,
-                  use_loss_mask=use_loss_mask, truncation=truncation)
-    xs, ys, ms, atts = reference(examples, seq_len=seq_len, pad_id=pad_id,
-                                 use_loss_mask=use_loss_mask, truncation=truncation)
+def test_property_fixed_matches_reference(
+    examples, seq_len, pad_id, use_loss_mask, truncation
+) -> None:
+    out = collate(
+        ragged(*examples),
+        strategy="fixed",
+        seq_len=seq_len,
+        pad_id=pad_id,
+        use_loss_mask=use_loss_mask,
+        truncation=truncation,
+    )
+    xs, ys, ms, atts = reference(
+        examples, seq_len=seq_len, pad_id=pad_id, use_loss_mask=use_loss_mask, truncation=truncation
+    )
     assert out["x"].tolist() == xs
     assert out["y"].tolist() == ys
     assert out["loss_mask"].tolist() == ms
@@ -157,7 +176,7 @@ def test_property_fixed_matches_reference(examples, seq_len, pad_id, use_loss_ma
 
 @settings(max_examples=100, deadline=None)
 @given(examples=st.lists(example, min_size=1, max_size=6), multiple=st.integers(1, 8))
-def test_property_longest_is_a_prefix_of_fixed(examples, multiple) -> None:  # noqa: ANN001
+def test_property_longest_is_a_prefix_of_fixed(examples, multiple) -> None:
     fixed = collate_fixed(ragged(*examples), seq_len=14, pad_id=3)
     dyn = COLLATE_FNS["longest"](ragged(*examples), seq_len=14, pad_id=3, pad_multiple=multiple)
     t = dyn["x"].shape[1]
@@ -170,12 +189,14 @@ def test_property_longest_is_a_prefix_of_fixed(examples, multiple) -> None:  # n
 
 @settings(max_examples=100, deadline=None)
 @given(examples=st.lists(example, min_size=1, max_size=5), seq_len=st.integers(13, 16))
-def test_property_matches_seed_000_collate_sft_batch(examples, seq_len) -> None:  # noqa: ANN001
+def test_property_matches_seed_000_collate_sft_batch(examples, seq_len) -> None:
     sft = pytest.importorskip("etl.sft")
     # No example exceeds S here, so seed 000's pack only pads; role ids lie outside the data.
-    roles = dict(sys_id=-1, usr_id=-2, asst_id=-3, eot_id=-4)
-    packed = [sft.pack_sft_ids_and_mask(list(i), list(m), S=seq_len, pad_id=9, **roles)
-              for i, m in examples]
+    roles = {"sys_id": -1, "usr_id": -2, "asst_id": -3, "eot_id": -4}
+    packed = [
+        sft.pack_sft_ids_and_mask(list(i), list(m), S=seq_len, pad_id=9, **roles)
+        for i, m in examples
+    ]
     x, y, loss_mask = sft.collate_sft_batch(packed, T=seq_len - 1, device="cpu")
     out = collate_fixed(ragged(*examples), seq_len=seq_len, pad_id=9)
     assert out["x"].tolist() == x.tolist()

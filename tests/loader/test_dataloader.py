@@ -21,20 +21,28 @@ from .conftest import random_examples, write_dst
 HERE = Path(__file__).parent
 
 
-def trained_targets(examples, *, seq_len: int) -> Counter:  # noqa: ANN001
+def trained_targets(examples, *, seq_len: int) -> Counter:
     """Independent expectation: every trained token at position 1..S-1 (position 0 has no y)."""
-    return Counter(t for ids, mask in examples for p, (t, m) in enumerate(zip(ids, mask)) if m and 0 < p < seq_len)
+    return Counter(
+        t
+        for ids, mask in examples
+        for p, (t, m) in enumerate(zip(ids, mask))
+        if m and 0 < p < seq_len
+    )
 
 
-def delivered_targets(batches) -> Counter:  # noqa: ANN001
+def delivered_targets(batches) -> Counter:
     return Counter(int(t) for b in batches for t in b["y"][b["y"] != IGNORE_INDEX])
 
 
 @pytest.mark.parametrize(("window", "workers"), [(None, 0), (2, 0), (2, 2)])
-def test_conservation_every_trained_token_once_per_epoch(dst: Path, window: int | None, workers: int) -> None:
+def test_conservation_every_trained_token_once_per_epoch(
+    dst: Path, window: int | None, workers: int
+) -> None:
     # Fixture lengths are 2..16 = S, so nothing is cut; ids are unique per (row, position).
-    loader = ParquetLoader(dst, batch_size=8, drop_last=False, shuffle_window=window,
-                           num_workers=workers, seed=3)
+    loader = ParquetLoader(
+        dst, batch_size=8, drop_last=False, shuffle_window=window, num_workers=workers, seed=3
+    )
     assert loader.seq_len == 16 and loader.pad_id == 0
     batches = list(loader)
     assert len(batches) == len(loader.sampler.batches(0)) == 7  # ceil(50 / 8)
@@ -53,14 +61,19 @@ def test_conservation_accounts_for_truncation(tmp_path: Path) -> None:
     assert delivered_targets(list(loader)) == trained_targets(examples, seq_len=12)
 
 
-def test_workers_give_the_same_batches_as_the_main_process(dst: Path) -> None:
-    kwargs = dict(batch_size=4, seed=1, shuffle_window=2, collate="longest", pad_multiple=4)
-    solo = list(ParquetLoader(dst, num_workers=0, **kwargs))
+def test_workers_and_dynamic_padding(dst: Path) -> None:
+    kwargs = {"batch_size": 4, "seed": 1, "shuffle_window": 2, "collate": "longest"}
+    solo = list(ParquetLoader(dst, num_workers=0, pad_multiple=4, drop_last=False, **kwargs))
     # The worker-aware batch order depends on num_workers; compare as sets of batches.
-    duo = list(ParquetLoader(dst, num_workers=2, **kwargs))
-    key = lambda b: tuple(b["x"].flatten().tolist())  # noqa: E731
+    duo = list(ParquetLoader(dst, num_workers=2, pad_multiple=4, drop_last=False, **kwargs))
+    key = lambda b: tuple(b["x"].flatten().tolist())
     assert sorted(map(key, solo)) == sorted(map(key, duo))
-    assert {b["x"].shape[1] % 4 for b in solo} == {0} or any(b["x"].shape[1] == 15 for b in solo)
+    # Dynamic padding loses no target (lengths <= S) and T = ceil((longest - 1) / 4) * 4 <= 15.
+    examples = random_examples(50, seed=1)
+    assert delivered_targets(solo) == trained_targets(examples, seq_len=16)
+    for b in solo:
+        longest = max(len(examples[row][0]) for row in (b["x"][:, 0] // 1000).tolist())
+        assert b["x"].shape[1] == min(-(-(longest - 1) // 4) * 4, 15)
 
 
 def test_epochs_advance_and_set_epoch_replays(dst: Path) -> None:
@@ -92,7 +105,9 @@ def test_resume_in_a_new_process_equals_an_uninterrupted_run(dst: Path, tmp_path
     full = [{k: v.tolist() for k, v in b.items()} for b in list(loader) + list(loader)]
     script, k = str(HERE / "resume_script.py"), 5
     state, first, rest = tmp_path / "state.json", tmp_path / "first.json", tmp_path / "rest.json"
-    subprocess.run([sys.executable, script, "first", str(dst), str(k), str(state), str(first)], check=True)
+    subprocess.run(
+        [sys.executable, script, "first", str(dst), str(k), str(state), str(first)], check=True
+    )
     subprocess.run([sys.executable, script, "rest", str(dst), str(state), str(rest)], check=True)
     assert json.loads(state.read_text())["position"] == k
     assert json.loads(first.read_text()) == full[:k]
@@ -100,8 +115,15 @@ def test_resume_in_a_new_process_equals_an_uninterrupted_run(dst: Path, tmp_path
 
 
 def test_options_random_sampler_float_mask_and_cpu_fallback(dst: Path) -> None:
-    loader = ParquetLoader(dst, batch_size=6, sampler="random", num_batches=3, mask_dtype="float32",
-                           use_loss_mask=True, seed=4)
+    loader = ParquetLoader(
+        dst,
+        batch_size=6,
+        sampler="random",
+        num_batches=3,
+        mask_dtype="float32",
+        use_loss_mask=True,
+        seed=4,
+    )
     batches = list(loader)
     assert len(batches) == 3 and all(b["loss_mask"].dtype == torch.float32 for b in batches)
     if not torch.cuda.is_available():
@@ -115,8 +137,11 @@ def test_options_random_sampler_float_mask_and_cpu_fallback(dst: Path) -> None:
 def test_loader_errors(dst: Path, tmp_path: Path) -> None:
     with pytest.raises(EtlError, match="unknown sampler"):
         ParquetLoader(dst, batch_size=4, sampler="bogus")  # type: ignore[arg-type]
-    root = write_dst(tmp_path / "nopad", {"train": random_examples(4, seed=0)},
-                     manifest={"pad_id": None, "eot_id": None})
+    root = write_dst(
+        tmp_path / "nopad",
+        {"train": random_examples(4, seed=0)},
+        manifest={"pad_id": None, "eot_id": None},
+    )
     with pytest.raises(EtlError, match="no pad id"):
         ParquetLoader(root, batch_size=2)
     assert ParquetLoader(root, batch_size=2, pad_id=3).pad_id == 3

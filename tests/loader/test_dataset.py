@@ -16,13 +16,15 @@ from etl.loader.dataset import ParquetDataset
 from .conftest import random_examples, write_dst
 
 
-def rows_of(batch) -> list[tuple[list[int], list[bool]]]:  # noqa: ANN001
+def rows_of(batch) -> list[tuple[list[int], list[bool]]]:
     spans = zip(batch.starts.tolist(), batch.lengths.tolist(), strict=True)
     return [(batch.ids[s : s + n].tolist(), batch.mask[s : s + n].tolist()) for s, n in spans]
 
 
-def test_index_comes_from_metadata_without_reading_data(dst: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+def test_index_comes_from_metadata_without_reading_data(
+    dst: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(*args, **kwargs):
         raise AssertionError("data pages were read while building the index")
 
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", boom)

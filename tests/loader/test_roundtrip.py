@@ -1,4 +1,4 @@
-"""Round trip: chat JSONL -> `etl run` -> ParquetLoader / episodes -> batches equal seed 000's collate."""
+"""Round trip: JSONL -> `etl run` -> ParquetLoader / episodes == seed 000's collate of the rows."""
 
 from __future__ import annotations
 
@@ -28,8 +28,10 @@ def run_dst(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for i in range(40):
             turns = []
             for t in range(int(rng.integers(1, 4))):  # some chats exceed S and get truncated
-                turns += [{"role": "user", "content": f"q{i}.{t} " * int(rng.integers(1, 6))},
-                          {"role": "assistant", "content": f"a{i}.{t} " * int(rng.integers(1, 6))}]
+                turns += [
+                    {"role": "user", "content": f"q{i}.{t} " * int(rng.integers(1, 6))},
+                    {"role": "assistant", "content": f"a{i}.{t} " * int(rng.integers(1, 6))},
+                ]
             f.write(json.dumps({"messages": turns}) + "\n")
     dst = root / "dst"
     assert main(["run", str(root / "chats.jsonl"), str(dst), "--seq-len", str(S)]) == 0
@@ -47,7 +49,10 @@ def test_loader_batches_equal_seed_000_collate_of_the_rows(run_dst: Path) -> Non
     got = list(loader)
     pad = manifest["pad_id"]
     for k, batch in enumerate(got):
-        packed = [(ids + [pad] * (S - len(ids)), m + [False] * (S - len(m))) for ids, m in rows[8 * k : 8 * k + 8]]
+        packed = [
+            (ids + [pad] * (S - len(ids)), m + [False] * (S - len(m)))
+            for ids, m in rows[8 * k : 8 * k + 8]
+        ]
         x, y, loss_mask = sft.collate_sft_batch(packed, T=S - 1, device="cpu")
         assert torch.equal(batch["x"], x) and torch.equal(batch["y"], y)
         assert torch.equal(batch["loss_mask"], loss_mask)

@@ -9,7 +9,12 @@ import pytest
 
 from etl.errors import EtlError
 from etl.loader.samplers import (
-    EpochSampler, RandomSampler, epoch_order, interleave_for_workers, random_rows, split_for_rank,
+    EpochSampler,
+    RandomSampler,
+    epoch_order,
+    interleave_for_workers,
+    random_rows,
+    split_for_rank,
 )
 
 
@@ -56,10 +61,22 @@ def test_block_shuffle_int_blocks_bound_row_groups_per_batch() -> None:
 def test_split_for_rank_golden() -> None:
     order = np.arange(10)
     # W=2, B=2, drop_last: 10 // 4 * 4 = 8 rows used; rank r takes order[r::2].
-    assert [b.tolist() for b in split_for_rank(order, batch_size=2, drop_last=True, rank=0, world_size=2)] == [[0, 2], [4, 6]]
-    assert [b.tolist() for b in split_for_rank(order, batch_size=2, drop_last=True, rank=1, world_size=2)] == [[1, 3], [5, 7]]
+    assert [
+        b.tolist()
+        for b in split_for_rank(order, batch_size=2, drop_last=True, rank=0, world_size=2)
+    ] == [[0, 2], [4, 6]]
+    assert [
+        b.tolist()
+        for b in split_for_rank(order, batch_size=2, drop_last=True, rank=1, world_size=2)
+    ] == [[1, 3], [5, 7]]
     # W=3, no drop_last: padded by wrapping to 12 rows; every rank gets 4 rows in 2 batches.
-    got = [[b.tolist() for b in split_for_rank(order, batch_size=3, drop_last=False, rank=r, world_size=3)] for r in range(3)]
+    got = [
+        [
+            b.tolist()
+            for b in split_for_rank(order, batch_size=3, drop_last=False, rank=r, world_size=3)
+        ]
+        for r in range(3)
+    ]
     assert got == [[[0, 3, 6], [9]], [[1, 4, 7], [0]], [[2, 5, 8], [1]]]
 
 
@@ -71,9 +88,15 @@ def test_interleave_gives_each_worker_a_contiguous_chunk() -> None:
     assert interleave_for_workers(4, 0).tolist() == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize(("n", "b", "w", "drop_last"), [(103, 8, 1, True), (103, 8, 1, False), (103, 4, 3, True), (102, 5, 3, False)])
+@pytest.mark.parametrize(
+    ("n", "b", "w", "drop_last"),
+    [(103, 8, 1, True), (103, 8, 1, False), (103, 4, 3, True), (102, 5, 3, False)],
+)
 def test_epoch_sampler_coverage_and_equal_counts(n: int, b: int, w: int, drop_last: bool) -> None:
-    samplers = [EpochSampler(n, batch_size=b, seed=5, drop_last=drop_last, rank=r, world_size=w) for r in range(w)]
+    samplers = [
+        EpochSampler(n, batch_size=b, seed=5, drop_last=drop_last, rank=r, world_size=w)
+        for r in range(w)
+    ]
     batches = [list(s) for s in samplers]
     assert len({len(bs) for bs in batches}) == 1  # equal batch counts on every rank
     rows = [i for bs in batches for batch in bs for i in batch]
