@@ -154,20 +154,19 @@ def _jsonl_chunks(source: Source, chunk_bytes: int) -> Iterator[pa.Table]:
             yield table
 
 
-def _json_array_chunks(source: Source, chunk_records: int, chunk_bytes: int) -> Iterator[pa.Table]:
+def _json_objects(source: Source, fmt: str, chunk_records: int) -> Iterator[pa.Table]:
+    """Each top-level JSON value of the file as raw text (DuckDB `read_json_objects`).
+
+    Raw text, not DuckDB's inferred struct, so a value's own types reach the validator.
+    """
     import duckdb
 
-    with _open_binary(source) as fh:
-        head = fh.read(4096).lstrip()
-    if not head.startswith(b"["):  # a .json file that holds JSON lines
-        yield from _jsonl_chunks(source, chunk_bytes)
-        return
     con = duckdb.connect()
     try:
-        reader = con.execute(
-            "select json::varchar as line from read_json($path, format = 'array', records = false, "
+        reader = con.sql(
+            "select json::varchar as line from read_json_objects($path, format = $format, "
             "maximum_object_size = 1073741824)",
-            {"path": str(source.path)},
+            params={"path": str(source.path), "format": fmt},
         ).to_arrow_reader(chunk_records)
         first = 0
         for batch in reader:
@@ -176,9 +175,30 @@ def _json_array_chunks(source: Source, chunk_records: int, chunk_bytes: int) -> 
             yield pa.table([line_no, batch.column(0).cast(pa.large_string())], schema=RAW_SCHEMA)
             first += n
     except duckdb.Error as exc:
-        raise UnreadableFile(f"not a readable JSON array ({str(exc).splitlines()[0]})") from exc
+        raise UnreadableFile(f"not readable as JSON ({str(exc).splitlines()[0]})") from exc
     finally:
         con.close()
+
+
+def _json_chunks(source: Source, chunk_records: int, chunk_bytes: int) -> Iterator[pa.Table]:
+    """A .json file: an array of records, one object (possibly pretty-printed), or JSON lines."""
+    with _open_binary(source) as fh:
+        head = fh.read(1 << 16)
+    if head.lstrip().startswith(b"["):
+        yield from _json_objects(source, "array", chunk_records)
+        return
+    first_line = head.lstrip().split(b"\n", 1)[0]
+    try:
+        import json
+
+        json.loads(first_line)
+        one_record_per_line = True
+    except ValueError:
+        one_record_per_line = False
+    if one_record_per_line:  # JSON lines named .json: per-line rejects keep working
+        yield from _jsonl_chunks(source, chunk_bytes)
+    else:  # one or more pretty-printed objects
+        yield from _json_objects(source, "unstructured", chunk_records)
 
 
 def _parquet_chunks(source: Source, chunk_records: int) -> Iterator[pa.Table]:
@@ -212,7 +232,7 @@ def read_chunks(source: Source, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
         if source.kind == "jsonl":
             yield from _jsonl_chunks(source, chunk_bytes)
         elif source.kind == "json":
-            yield from _json_array_chunks(source, chunk_records, chunk_bytes)
+            yield from _json_chunks(source, chunk_records, chunk_bytes)
         else:
             yield from _parquet_chunks(source, chunk_records)
     except (OSError, EOFError) as exc:
