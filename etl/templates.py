@@ -157,6 +157,15 @@ class TemplateIds:
 def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateIds:
     """Encode every template string once; a missing special token is a clear `EtlError`."""
     specials = template.special_tokens
+    used = "".join(f.header + f.end + f.sep for f in template.roles.values()) + template.bos + template.eos
+    missing = [tok for tok in specials if tok in used and tokenizer.special_id(tok) is None]
+    if missing:
+        raise EtlError(
+            f"template {template.name}: {', '.join(missing)} not in the vocabulary of tokenizer "
+            f"{tokenizer.name}; pick a template this tokenizer was trained with (e.g. --template "
+            "chatml for Qwen, phi3 for Phi-3, hf to derive it from tokenizer_config.json) or use "
+            "--tokenizer bytes"
+        )
 
     def enc(text: str) -> list[int]:
         return encode_template_text(tokenizer, text, specials)
