@@ -60,8 +60,8 @@ def read_example(
                     return {**found, "row": offset + index}
             offset += n
     if example_id is not None:
-        raise EtlError(f"no example with id {example_id!r} in split {split!r}; "
-                       "list ids with `etl stats DST --query domains` or pick --row N")
+        raise EtlError(f"no example with id {example_id!r} in split {split!r}; check --split, "
+                       "or pick an example by position with --row N")
     raise EtlError(f"row {row} is out of range: split {split!r} has {offset} rows "
                    f"(use --row 0..{max(offset - 1, 0)})")
 
@@ -89,13 +89,12 @@ def token_strings(manifest: dict[str, Any], ids: Sequence[int]) -> list[str]:
 def describe(example: dict[str, Any], turns: Sequence[dict[str, Any]]) -> list[str]:
     """Header lines: where the example comes from and its counts."""
     dropped = [t for t in turns if not t[C.KEPT]]
-    lines = [
-        f"row {example['row']} of {example[C.SPLIT]} · id {example[C.ID]} · "
-        f"{example[C.SOURCE_FILE]}:{example[C.SOURCE_LINE]} · domain {example[C.DOMAIN]}",
-        f"tokens {example[C.NUM_TOKENS]} · trained {example[C.NUM_TRAINED]} · turns "
-        f"{example[C.NUM_TURNS]} kept, {example[C.NUM_TURNS_DROPPED]} dropped · "
-        f"truncated {'yes' if example[C.TRUNCATED] else 'no'}",
-    ]
+    origin = (f"row {example['row']} of {example[C.SPLIT]} · id {example[C.ID]} · "
+              f"{example[C.SOURCE_FILE]}:{example[C.SOURCE_LINE]} · domain {example[C.DOMAIN]}")
+    counts = (f"tokens {example[C.NUM_TOKENS]} · trained {example[C.NUM_TRAINED]} · turns "
+              f"{example[C.NUM_TURNS]} ({len(turns) - len(dropped)} kept, {len(dropped)} dropped)"
+              f" · truncated {'yes' if example[C.TRUNCATED] else 'no'}")
+    lines = [origin, counts]
     if dropped:
         lines.append("dropped turns: " + ", ".join(
             f"{t[C.TURN_INDEX]} ({t[C.ROLE]}, {t[C.NUM_TOKENS]} tokens)" for t in dropped))

@@ -90,7 +90,8 @@ def build_report(dst: str | os.PathLike[str], *, title: str | None = None) -> st
         _plot("Tokens by role (trained share)",
               "Kept tokens per role, trained or not, and tokens of dropped turns.",
               _draw_roles, results["roles"]),
-        _plot("Turns per example", "Kept turns per example, per split.",
+        _plot("Turns per example", "Turns per conversation (dropped ones included), per split; "
+              "hatched: examples that lost turns to truncation.",
               _draw_turns, results["turns_per_example"]),
         _plot("Where examples went", "Manifest counts: written, truncated, dropped and rejected.",
               _draw_drops, results["drops"]),
@@ -197,10 +198,14 @@ def _draw_turns(ax: Any, turns: pa.Table) -> None:
     width = 0.8 / max(len(splits), 1)
     for i, split in enumerate(splits):
         idx = [k for k, s in enumerate(r["split"]) if s == split]
-        ax.bar([r["num_turns"][k] + (i - (len(splits) - 1) / 2) * width for k in idx],
-               [r["examples"][k] for k in idx], width=width, color=COLORS[i % len(COLORS)],
-               label=split)
-    ax.set_xlabel("kept turns per example")
+        xs = [r["num_turns"][k] + (i - (len(splits) - 1) / 2) * width for k in idx]
+        lost = [r["examples_with_dropped_turns"][k] for k in idx]
+        whole = [r["examples"][k] - n for k, n in zip(idx, lost)]
+        color = COLORS[i % len(COLORS)]
+        ax.bar(xs, whole, width=width, color=color, label=split)
+        ax.bar(xs, lost, bottom=whole, width=width, color=color, alpha=0.5, hatch="//",
+               label=f"{split}: lost turns")
+    ax.set_xlabel("turns per conversation")
     ax.set_ylabel("examples")
     if splits:
         ax.legend()

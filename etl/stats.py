@@ -35,6 +35,7 @@ QUERY_ORDER = (
     "drops",
     "rejects",
     "packing",
+    "consistency",
     "zero_trained",
     "untrained_eot",
 )

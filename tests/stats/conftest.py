@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stats_fixtures import COUNTS, EXAMPLES, REJECTS, REPO, etl_cli, write_dst
+from tests.stats.stats_fixtures import (
+    COUNTS,
+    EXAMPLES,
+    REJECTS,
+    REPO,
+    etl_cli,
+    write_dst,
+    write_raw_chats,
+)
 
 
 @pytest.fixture(scope="session")
@@ -28,17 +34,27 @@ def empty_dst(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def real_dst(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`etl run examples/raw` output; skipped while the pipeline command does not exist yet."""
-    if not (REPO / "etl" / "commands" / "run.py").is_file() or not (REPO / "examples" / "raw").is_dir():
+    """Output of the real `etl run --seq-len 256` on generated chats (+ examples/raw when present).
+
+    Skipped while the pipeline command does not exist. The generated input has long multi-turn
+    chats (truncation), a bad JSON line and an empty conversation (rejects).
+    """
+    if not (REPO / "etl" / "commands" / "run.py").is_file():
         pytest.skip("`etl run` is not available yet")
+    raw = tmp_path_factory.mktemp("raw")
+    write_raw_chats(raw / "chats.jsonl")
+    for sample in (REPO / "examples" / "raw").glob("*.*"):
+        shutil.copy(sample, raw / sample.name)
     out = tmp_path_factory.mktemp("real") / "dst"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "etl", "run", str(REPO / "examples" / "raw"), str(out), "--seq-len", "256"],
-        capture_output=True, text=True, env=env, timeout=120,
-    )
+    proc = etl_cli("run", str(raw), str(out), "--seq-len", "256", "--quiet")
     assert proc.returncode == 0, proc.stderr
     return out
+
+
+@pytest.fixture(params=["dst", "real_dst"])
+def any_dst(request: pytest.FixtureRequest) -> Path:
+    """The hand-made fixture, then the real pipeline's output: for checks that hold on both."""
+    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -59,22 +60,22 @@ def _serialize(example: Example) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         sep = SEP if turn.sep else []
         pieces = [HEADER[turn.role], *content, EOT, *sep]
         if not turn.kept:
-            turn_rows.append(dict(turn_index=index, role=turn.role, start=-1, end=-1,
-                                  num_tokens=len(pieces), trained=trained, kept=False))
+            turn_rows.append({"turn_index": index, "role": turn.role, "start": -1, "end": -1,
+                                  "num_tokens": len(pieces), "trained": trained, "kept": False})
             continue
         start = len(ids)
         ids += pieces
         mask += [trained and turn.header_trained, *[trained] * len(content),
                  trained and turn.eot_trained, *[False] * len(sep)]
-        turn_rows.append(dict(turn_index=index, role=turn.role, start=start, end=len(ids),
-                              num_tokens=len(pieces), trained=trained, kept=True))
-    row = dict(
-        id=example.id, source_file=f"raw/{example.domain}.jsonl", source_line=example.source_line,
-        domain=example.domain, split=example.split, input_ids=ids, loss_mask=mask,
-        num_tokens=len(ids), num_trained=sum(mask),
-        num_turns=sum(t.kept for t in example.turns),
-        num_turns_dropped=sum(not t.kept for t in example.turns), truncated=example.truncated,
-    )
+        turn_rows.append({"turn_index": index, "role": turn.role, "start": start, "end": len(ids),
+                              "num_tokens": len(pieces), "trained": trained, "kept": True})
+    row = {
+        "id": example.id, "source_file": f"raw/{example.domain}.jsonl", "source_line": example.source_line,
+        "domain": example.domain, "split": example.split, "input_ids": ids, "loss_mask": mask,
+        "num_tokens": len(ids), "num_trained": sum(mask),
+        "num_turns": len(example.turns),  # every turn, dropped ones included (as etl run writes)
+        "num_turns_dropped": sum(not t.kept for t in example.turns), "truncated": example.truncated,
+    }
     return row, [dict(id=example.id, **t) for t in turn_rows]
 
 
@@ -106,13 +107,13 @@ EXAMPLES = [
 ]
 
 REJECTS = [
-    dict(source_file="raw/math.jsonl", source_line=7, reason="invalid_json", detail="line 1: bad", raw="{"),
-    dict(source_file="raw/code.jsonl", source_line=9, reason="invalid_json", detail="line 1: eof", raw="[1"),
-    dict(source_file="raw/code.jsonl", source_line=2, reason="missing_messages", detail="no messages",
-         raw="{}"),
+    {"source_file": "raw/math.jsonl", "source_line": 7, "reason": "invalid_json", "detail": "line 1: bad", "raw": "{"},
+    {"source_file": "raw/code.jsonl", "source_line": 9, "reason": "invalid_json", "detail": "line 1: eof", "raw": "[1"},
+    {"source_file": "raw/code.jsonl", "source_line": 2, "reason": "missing_messages", "detail": "no messages",
+         "raw": "{}"},
     # In the file but not in the manifest counts (and the manifest's bad_role has no row): the
     # drops query must show both sides of such a mismatch.
-    dict(source_file="raw/math.jsonl", source_line=11, reason="encoding", detail="not utf-8", raw="?"),
+    {"source_file": "raw/math.jsonl", "source_line": 11, "reason": "encoding", "detail": "not utf-8", "raw": "?"},
 ]
 
 COUNTS = {
@@ -167,5 +168,25 @@ def write_dst(root: Path, examples: list[Example], *, counts: dict[str, Any],
 def etl_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run `python -m etl ARGS` in a subprocess (what a user's shell does)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "etl", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "etl", *args], capture_output=True, text=True, check=False,
                           env=full_env, timeout=120)
+
+
+def write_raw_chats(path: Path, *, n: int = 60, seed: int = 0) -> Path:
+    """Raw JSONL for `etl run`: n chats of 1-4 exchanges, then one bad line and one empty chat."""
+    rng = random.Random(seed)
+    words = ["the", "a", "data", "token", "parquet", "column", "row", "model", "loss", "mask", "turn", "why", "how", "long", "short"]
+
+    def text(k: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(k))
+
+    lines = []
+    for i in range(n):
+        messages = [{"role": "system", "content": "be brief. " + text(3)}] if i % 3 == 0 else []
+        for _ in range(rng.randint(1, 4)):
+            messages.append({"role": "user", "content": text(rng.randint(2, 30))})
+            messages.append({"role": "assistant", "content": text(rng.randint(1, 60))})
+        lines.append(json.dumps({"messages": messages}))
+    lines += ["{not json", json.dumps({"messages": []})]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

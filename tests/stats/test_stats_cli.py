@@ -81,7 +81,7 @@ def test_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
 def test_errors_are_one_line(dst: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                              args: list[str], message: str) -> None:
     filled = [a.format(dst=dst, missing=tmp_path / "missing", tmp=tmp_path) for a in args]
-    code, out, err = run_cli(capsys, *filled)
+    code, _out, err = run_cli(capsys, *filled)
     assert code != 0
     assert err.count("\n") == 1 and err.startswith(f"etl {args[0]}: error: ") and message in err
 

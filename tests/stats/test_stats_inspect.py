@@ -6,14 +6,14 @@ import re
 from pathlib import Path
 
 import pytest
-from stats_fixtures import EXAMPLES, SPECIAL
 
 from etl.errors import EtlError
 from etl.inspect import read_example, read_turns, render_plain, render_rich, token_strings
 from etl.manifest import read_manifest
+from tests.stats.stats_fixtures import EXAMPLES, SPECIAL
 
 BY_ID = {v: k for k, v in SPECIAL.items()}
-MARKER = re.compile(r"^── turn (\d+) · (\w+) · tokens \[(\d+), (\d+)\) · (trained|not trained) ──$", re.M)
+MARKER = re.compile(r"^── turn (\d+) · (\w+) · tokens \[(\d+), (\d+)\) · (trained|not trained) ──$", re.MULTILINE)
 
 
 def expected_strings(ids: list[int]) -> list[str]:
@@ -26,11 +26,12 @@ def shown(piece: str) -> str:
     return "".join(c if c in "\n\t" or c.isprintable() else f"\\x{ord(c):02x}" for c in piece)
 
 
-def trained_runs(example: dict, turns: list[dict]) -> list[str]:
+def trained_runs(example: dict, turns: list[dict], strings: list[str] | None = None) -> list[str]:
     """Maximal runs of trained tokens; a turn start also ends a run (the marker cuts it)."""
     starts = {t["start"] for t in turns if t["kept"]}
     runs, current = [], None
-    for pos, (piece, trained) in enumerate(zip(expected_strings(example["input_ids"]), example["loss_mask"])):
+    strings = strings or expected_strings(example["input_ids"])
+    for pos, (piece, trained) in enumerate(zip(strings, example["loss_mask"])):
         if current is not None and (not trained or pos in starts):
             runs.append(current)
             current = None
@@ -48,7 +49,7 @@ def test_plain_view_matches_mask_and_turns(dst: Path, split: str, row: int) -> N
     text = render_plain(example, turns, strings)
     header, body = text.split("\n\n", 1)
     assert f"id {example['id']}" in header and f"trained {sum(example['loss_mask'])}" in header
-    assert re.findall(r"\[\[(.*?)\]\]", body, re.S) == trained_runs(example, turns)
+    assert re.findall(r"\[\[(.*?)\]\]", body, re.DOTALL) == trained_runs(example, turns)
     kept = [t for t in turns if t["kept"]]
     assert [(int(i), role, int(s), int(e), state == "trained") for i, role, s, e, state in MARKER.findall(body)] \
         == [(t["turn_index"], t["role"], t["start"], t["end"], t["trained"]) for t in kept]

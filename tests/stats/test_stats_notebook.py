@@ -7,7 +7,8 @@ import io
 from pathlib import Path
 
 import pytest
-from stats_fixtures import REPO
+
+from tests.stats.stats_fixtures import REPO
 
 NOTEBOOK = REPO / "notebooks" / "token_stats.ipynb"
 
