@@ -60,7 +60,8 @@ class ParquetLoader:
         num_workers: DataLoader worker processes (0: load in the training process).
         rank: default from torch.distributed when initialized, else 0; world_size likewise 1.
         device: where batches go; ``cuda`` pins memory and copies without blocking.
-        cache_row_groups: decoded row groups kept per worker (at least ``shuffle_window``).
+        cache_row_groups: decoded row groups always kept per worker (at least ``shuffle_window``).
+        cache_mb: more row groups are kept while they fit in this budget (per worker).
         weights: also deliver ``loss_weight`` when the data has it.
     """
 
@@ -89,6 +90,7 @@ class ParquetLoader:
         world_size: int | None = None,
         device: str | torch.device = "cpu",
         cache_row_groups: int = 8,
+        cache_mb: float = 256,
         weights: bool = False,
     ):
         if sampler not in SAMPLERS:
@@ -104,6 +106,7 @@ class ParquetLoader:
             min_tokens=min_tokens,
             weights=weights,
             cache_row_groups=max(cache_row_groups, window),
+            cache_mb=cache_mb,
         )
         manifest = self.dataset.manifest
         self.seq_len = int(seq_len or manifest.get("seq_len") or 0)

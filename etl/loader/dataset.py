@@ -34,7 +34,9 @@ class ParquetDataset(torch.utils.data.Dataset):
         dst: an ``etl run`` output directory (with ``_manifest.json``).
         split: ``train`` or ``val``.
         min_tokens: skip examples shorter than this (seed 002 ``episode_min_tokens``); 0 keeps all.
-        cache_row_groups: decoded row groups kept per process (~5 bytes per token each).
+        cache_row_groups: decoded row groups always kept per process (~5 bytes per token).
+        cache_mb: keep more row groups while they fit in this many MiB (per process, so per
+            DataLoader worker): a split that fits is read once, whatever the shuffle.
         weights: also read ``loss_weight`` when the data has it.
     """
 
@@ -45,6 +47,7 @@ class ParquetDataset(torch.utils.data.Dataset):
         split: str = "train",
         min_tokens: int = 2,
         cache_row_groups: int = 8,
+        cache_mb: float = 256,
         weights: bool = False,
     ):
         self.dst, self.split = Path(dst), split
@@ -56,6 +59,7 @@ class ParquetDataset(torch.utils.data.Dataset):
                 f"{sorted(p.name for p in (self.dst / DATA_DIR).glob('*')) or 'none'}"
             )
         self.cache_row_groups = max(1, cache_row_groups)
+        self.cache_bytes = int(cache_mb * 2**20)
         schema = pq.read_schema(self.files[0])
         self.columns = [INPUT_IDS, LOSS_MASK]
         if weights and LOSS_WEIGHT in schema.names:
@@ -115,11 +119,12 @@ class ParquetDataset(torch.utils.data.Dataset):
         self._pid = os.getpid()
         self._handles: dict[int, pq.ParquetFile] = {}
         self._cache: OrderedDict[int, Ragged] = OrderedDict()
+        self._cached_bytes = 0
         self.row_group_reads = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_handles={}, _cache=OrderedDict(), row_group_reads=0)
+        state.update(_handles={}, _cache=OrderedDict(), _cached_bytes=0, row_group_reads=0)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -157,8 +162,9 @@ class ParquetDataset(torch.utils.data.Dataset):
         weight = table.column(LOSS_WEIGHT) if LOSS_WEIGHT in self.columns else None
         ragged = from_arrow(table.column(INPUT_IDS), table.column(LOSS_MASK), weight)
         self._cache[g] = ragged
-        while len(self._cache) > self.cache_row_groups:
-            self._cache.popitem(last=False)
+        self._cached_bytes += _nbytes(ragged)
+        while len(self._cache) > self.cache_row_groups and self._cached_bytes > self.cache_bytes:
+            self._cached_bytes -= _nbytes(self._cache.popitem(last=False)[1])
         return ragged
 
     def _locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -188,3 +194,8 @@ class ParquetDataset(torch.utils.data.Dataset):
         inverse = np.empty(len(indices), dtype=np.int64)
         inverse[np.concatenate(positions)] = np.arange(len(indices))
         return joined.reorder(inverse)
+
+
+def _nbytes(r: Ragged) -> int:
+    arrays = (r.ids, r.starts, r.lengths, r.mask, r.weight)
+    return sum(a.nbytes for a in arrays if a is not None)

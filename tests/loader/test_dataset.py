@@ -49,7 +49,7 @@ def test_getitem_and_getitems_return_the_written_rows(dst: Path) -> None:
 
 
 def test_lru_cache_reads_each_row_group_once_while_it_stays_cached(dst: Path) -> None:
-    ds = ParquetDataset(dst, split="train", cache_row_groups=2)
+    ds = ParquetDataset(dst, split="train", cache_row_groups=2, cache_mb=0)
     ds.__getitems__([0, 1, 2, 8, 9])  # groups 0 and 1
     assert ds.row_group_reads == 2
     ds.__getitems__([3, 10, 4])  # both cached
@@ -97,3 +97,14 @@ def test_clear_errors(dst: Path, tmp_path: Path) -> None:
         ParquetDataset(dst, split="test")
     with pytest.raises(EtlError, match="etl run"):
         ParquetDataset(tmp_path / "nothing")
+
+
+def test_byte_budget_keeps_more_row_groups_when_they_fit(dst: Path) -> None:
+    ds = ParquetDataset(dst, split="train", cache_row_groups=1, cache_mb=1)
+    for _ in range(2):  # all 8 groups fit in 1 MiB: the second pass reads nothing
+        ds.__getitems__(list(range(50)))
+    assert ds.row_group_reads == 8
+    tight = ParquetDataset(dst, split="train", cache_row_groups=1, cache_mb=0)
+    for _ in range(2):
+        tight.__getitems__(list(range(50)))
+    assert tight.row_group_reads == 16
