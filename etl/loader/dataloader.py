@@ -22,6 +22,11 @@ from etl.loader.device import TorchCollate, resolve_device, to_device
 from etl.loader.samplers import SAMPLERS, EpochSampler, RandomSampler
 
 
+def _check_choice(name: str, value: str, choices: list[str]) -> None:
+    if value not in choices:
+        raise EtlError(f"unknown {name} {value!r}; choose one of {choices}")
+
+
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Explicit values, else the initialized process group, else a single process."""
     if rank is not None and world_size is not None:
@@ -93,27 +98,18 @@ class ParquetLoader:
         cache_mb: float = 256,
         weights: bool = False,
     ):
-        if sampler not in SAMPLERS:
-            raise EtlError(f"unknown sampler {sampler!r}; choose one of {sorted(SAMPLERS)}")
-        if collate not in COLLATE_FNS:
-            raise EtlError(f"unknown collate {collate!r}; choose one of {sorted(COLLATE_FNS)}")
-        if mask_dtype not in ("bool", "float32"):
-            raise EtlError(f"mask_dtype must be 'bool' or 'float32', got {mask_dtype!r}")
+        _check_choice("sampler", sampler, sorted(SAMPLERS))
+        _check_choice("collate", collate, sorted(COLLATE_FNS))
+        _check_choice("mask_dtype", mask_dtype, ["bool", "float32"])
         window = shuffle_window or 0
+        cache = {"cache_row_groups": max(cache_row_groups, window), "cache_mb": cache_mb}
         self.dataset = ParquetDataset(
-            dst,
-            split=split,
-            min_tokens=min_tokens,
-            weights=weights,
-            cache_row_groups=max(cache_row_groups, window),
-            cache_mb=cache_mb,
+            dst, split=split, min_tokens=min_tokens, weights=weights, **cache
         )
         manifest = self.dataset.manifest
         self.seq_len = int(seq_len or manifest.get("seq_len") or 0)
         if self.seq_len < 2:
-            raise EtlError(
-                "no seq_len: pass seq_len=S (S = T + 1) or rerun `etl run` with --seq-len"
-            )
+            raise EtlError("no seq_len: pass seq_len=S (S = T + 1) or rerun `etl run --seq-len`")
         self.pad_id = resolve_pad_id(pad_id, manifest)
         self.rank, self.world_size = _rank_world(rank, world_size)
         self.device = resolve_device(device)

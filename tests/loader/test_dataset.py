@@ -6,6 +6,7 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -108,3 +109,19 @@ def test_byte_budget_keeps_more_row_groups_when_they_fit(dst: Path) -> None:
     for _ in range(2):
         tight.__getitems__(list(range(50)))
     assert tight.row_group_reads == 16
+
+
+def test_uint8_loss_mask_is_read_as_bool(dst: Path) -> None:
+    # The contract allows list<uint8> masks; rewrite the fixture's first file that way.
+    path = dst / "data" / "val" / "part-00000.parquet"
+    table = pq.read_table(path)
+    as_uint8 = table.set_column(
+        table.schema.get_field_index(LOSS_MASK),
+        LOSS_MASK,
+        table[LOSS_MASK].cast(pa.list_(pa.uint8())),
+    )
+    pq.write_table(as_uint8, path, row_group_size=4)
+    ds = ParquetDataset(dst, split="val")
+    expected = random_examples(10, seed=2)
+    assert ds[3][LOSS_MASK].dtype == np.bool_
+    assert rows_of(ds.__getitems__(list(range(10)))) == expected
