@@ -21,7 +21,7 @@ from etl.stats import run_queries
 
 # Tables shown under the plots, with the first rows of the row listings only (they can be long).
 TABLES = ("lengths", "trained_share", "roles", "domains", "drops", "rejects", "packing",
-          "zero_trained", "untrained_eot")
+          "consistency", "zero_trained", "untrained_eot")
 LISTING_ROWS = 20
 COLORS = ("#3b75af", "#ef8636", "#519e3e", "#c53a32", "#8d69b8", "#84584e")
 
@@ -64,6 +64,7 @@ NOTES = {
     "rejects": "Input rows that could not be used, with the first one per reason.",
     "packing": "Sequences of seq_len needed padded (one example each) versus packed; "
                "packed_lower_bound is a bound, first-fit-decreasing lands at or slightly above.",
+    "consistency": "Rules of the output layout; each count should be 0 (first_id: one to inspect).",
     "zero_trained": "Examples with no trained token (etl run drops these: expected empty).",
     "untrained_eot": "Trained assistant turns whose end-of-turn token carries no loss "
                      "(expected when end-of-turn training is none/last).",
@@ -138,9 +139,17 @@ def _table(name: str, table: pa.Table) -> dict[str, Any]:
         (f.name, "" if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) else "s")
         for f in table.schema
     ]
-    rows = [["" if v is None else v for v in row.values()] for row in shown.to_pylist()]
+    rows = [[_cell(v) for v in row.values()] for row in shown.to_pylist()]
     return {"name": name, "note": NOTES.get(name, ""), "columns": columns, "rows": rows,
             "more": table.num_rows - shown.num_rows}
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"  # 13,674 reads at a glance; exact figures are in `etl stats --format csv`
+    return value
 
 
 def _plot(title: str, caption: str, draw: Callable[..., None], *args: Any) -> dict[str, str]:
