@@ -28,6 +28,7 @@ class Assembled:
     offsets: np.ndarray  # int64, len(conv) + 1
     ids: np.ndarray  # int32 flat
     mask: np.ndarray  # bool flat
+    weight: np.ndarray | None = None  # float32 flat: the message weight on trained tokens, else 0
 
     def num_trained(self) -> np.ndarray:
         per_token = np.repeat(np.arange(len(self.conv)), np.diff(self.offsets))
@@ -39,6 +40,12 @@ class Assembled:
             pa.ListArray.from_arrays(offsets, pa.array(self.ids, pa.int32())),
             pa.ListArray.from_arrays(offsets, pa.array(self.mask, pa.bool_())),
         )
+
+    def weight_array(self) -> pa.ListArray | None:
+        if self.weight is None:
+            return None
+        offsets = pa.array(self.offsets.astype(np.int32))
+        return pa.ListArray.from_arrays(offsets, pa.array(self.weight, pa.float32()))
 
 
 def _list_parts(col: pl.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -59,13 +66,16 @@ def _first_last(conv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return first, last
 
 
-def assemble(turns: pl.DataFrame, *, bos_ids: list[int], eos_ids: list[int]) -> Assembled:
+def assemble(
+    turns: pl.DataFrame, *, bos_ids: list[int], eos_ids: list[int], weights: bool = False
+) -> Assembled:
     """Token lists of every conversation with at least one whole-kept turn.
 
     Args:
         turns: planned turns (`etl.stages.plan_turns`), sorted by conversation and turn.
         bos_ids: ids put once before each conversation (may be empty).
         eos_ids: ids put once after each conversation (may be empty).
+        weights: also build per-token loss weights from the messages' `weight` (default 1).
     """
     kt = turns.filter(pl.col("keep_whole"))
     n = kt.height
@@ -115,8 +125,12 @@ def assemble(turns: pl.DataFrame, *, bos_ids: list[int], eos_ids: list[int]) -> 
     ids = src[gather]
     mask = np.repeat(flags.ravel(), clipped)
 
+    weight = None
+    if weights:
+        turn_weight = kt[st.MSG_WEIGHT].fill_null(1.0).to_numpy().astype(np.float32)
+        weight = np.repeat(np.repeat(turn_weight, PIECES), clipped) * mask
     per_turn = clipped.reshape(n, PIECES).sum(axis=1)
     conv_ids, conv_first = np.unique(conv, return_index=True)
     per_conv = np.add.reduceat(per_turn, conv_first) if n else np.zeros(0, np.int64)
     offsets = np.concatenate(([0], np.cumsum(per_conv))).astype(np.int64)
-    return Assembled(conv=conv_ids, offsets=offsets, ids=ids.astype(np.int32), mask=mask)
+    return Assembled(conv=conv_ids, offsets=offsets, ids=ids.astype(np.int32), mask=mask, weight=weight)

@@ -1,8 +1,17 @@
-"""The resolved settings of one `etl run`: what to read, how to tokenize, mask and truncate."""
+"""The resolved settings of one `etl run`, and the declarative config file that sets them.
+
+The file follows seed 004's schema exactly (`version`, `input`, `mask`, `mask_default`,
+`preprocessing`, `output`) plus etl's own sections (`template`, `tokenizer`, `seq_len`,
+`truncation`, `mask_options`, `split`, `default_system`). Unknown keys and bad values are
+errors that name the field and the allowed values.
+"""
 
 from __future__ import annotations
 
+import json
+import tomllib
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from etl.columns import DEFAULT_SEQ_LEN, DEFAULT_SYSTEM_TEXT
@@ -10,8 +19,12 @@ from etl.errors import EtlError
 from etl.reader import DEFAULT_CHUNK_BYTES
 from etl.stages import MaskOptions
 
-TRUNCATION_POLICIES = ("drop_oldest_turns",)
+TRUNCATION_POLICIES = ("drop_oldest_turns", "keep_prefix", "right", "drop")
 EOT_POLICIES = ("turn", "last", "all", "none")
+STORAGE_FORMATS = ("parquet", "bin", "h5")
+DEDUP_MODES = ("prefix200", "exact")
+# Seed 004's instruction mode names its mask keys after fields, not roles.
+FIELD_ROLES = {"prompt": "user", "response": "assistant"}
 
 
 @dataclass(frozen=True)
@@ -22,23 +35,53 @@ class RunConfig:
     template: str = "ngpt"
     seq_len: int = DEFAULT_SEQ_LEN
     input_type: str = "chat"
-    messages_key: str = "messages"
+    input_options: dict[str, Any] = field(default_factory=dict)
     default_system: str | None = DEFAULT_SYSTEM_TEXT
     mask: MaskOptions = field(default_factory=MaskOptions)
     truncation: str = "drop_oldest_turns"
+    deduplicate: bool = False
+    dedup_mode: str = "prefix200"
+    max_items: int | None = None
+    add_bos: bool = False
+    add_eos: bool = False
+    val_fraction: float = 0.0
+    split_seed: int = 0
+    domain_key: str | None = None
+    storage_format: str = "parquet"
+    max_tokens_per_shard: int = 100_000_000
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
     def __post_init__(self) -> None:
-        if self.seq_len < 2:
-            raise EtlError(f"--seq-len must be at least 2 (S = T + 1 tokens), got {self.seq_len}")
-        if self.truncation not in TRUNCATION_POLICIES:
-            raise EtlError(
-                f"truncation {self.truncation!r} is not one of {', '.join(TRUNCATION_POLICIES)}"
-            )
-        if self.mask.eot not in EOT_POLICIES:
-            raise EtlError(f"mask eot policy {self.mask.eot!r} is not one of {', '.join(EOT_POLICIES)}")
-        if self.chunk_bytes < 1:
-            raise EtlError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
+        _check(self.seq_len >= 2, "seq_len", f"must be at least 2 (S = T + 1 tokens), got {self.seq_len}")
+        _choice("truncation.policy", self.truncation, TRUNCATION_POLICIES)
+        _choice("mask_options.eot", self.mask.eot, EOT_POLICIES)
+        _choice("output.storage_format", self.storage_format, STORAGE_FORMATS)
+        _choice("preprocessing.dedup_mode", self.dedup_mode, DEDUP_MODES)
+        _check(0.0 <= self.val_fraction < 1.0, "split.val_fraction", f"must be in [0, 1), got {self.val_fraction}")
+        _check(self.max_items is None or self.max_items > 0, "preprocessing.max_items", "must be positive or null")
+        _check(self.chunk_bytes > 0, "chunk_bytes", "must be positive")
+        _check(self.max_tokens_per_shard > 0, "output.max_tokens_per_shard", "must be positive")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _check(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise EtlError(f"config: {name} {message}")
+
+
+def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    _check(value in allowed, name, f"is {value!r}; allowed: {', '.join(allowed)}")
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Parse a JSON or TOML config file (by extension; JSON otherwise)."""
+    p = Path(path)
+    if not p.is_file():
+        raise EtlError(f"config file {path} not found")
+    text = p.read_text(encoding="utf-8")
+    try:
+        return tomllib.loads(text) if p.suffix.lower() == ".toml" else json.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise EtlError(f"config file {path} is not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: {exc}") from exc

@@ -18,6 +18,8 @@ from etl.columns import END, INJECTED, KEPT, ROLE, START, TRAINED, TURN_INDEX
 
 CONV = "conv"
 CONTENT = "content"
+MSG_TRAIN, MSG_WEIGHT = "train", "weight"  # per-message overrides from the record
+DROP_REASON = "drop_reason"  # a conversation-level reason not to write the example
 CONTENT_IDS = "content_ids"
 HEADER_IDS, END_IDS, SEP_IDS = "header_ids", "end_ids", "sep_ids"
 HEADER_LEN, CONTENT_LEN, END_LEN, SEP_LEN = "header_len", "content_len", "end_len", "sep_len"
@@ -40,10 +42,18 @@ class MaskOptions:
     train_header: bool = False
     eot: str = "turn"  # turn | last | all | none
     last_assistant_only: bool = False
+    require_complete_user: bool = False  # seed 001: an assistant turn trains only after a whole user turn
 
 
 def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
-    """One row per message: (conv, turn_index, role, content, injected=False)."""
+    """One row per message: (conv, turn_index, role, content, train, weight, injected=False).
+
+    `train` / `weight` are the message's own overrides (null when it sets none).
+    """
+    fields = records.collect_schema()["messages"].inner.fields  # type: ignore[attr-defined]
+    names = {f.name for f in fields}
+    train = pl.col(MSG_TRAIN) if MSG_TRAIN in names else pl.lit(None, dtype=pl.Boolean).alias(MSG_TRAIN)
+    weight = pl.col(MSG_WEIGHT) if MSG_WEIGHT in names else pl.lit(None, dtype=pl.Float64).alias(MSG_WEIGHT)
     return (
         records.select(
             pl.col(CONV),
@@ -52,7 +62,10 @@ def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
         )
         .explode(["messages", TURN_INDEX])
         .unnest("messages")
-        .select(CONV, TURN_INDEX, ROLE, CONTENT, pl.lit(False).alias(INJECTED))
+        .select(
+            CONV, TURN_INDEX, ROLE, CONTENT, train.cast(pl.Boolean), weight.cast(pl.Float64),
+            pl.lit(False).alias(INJECTED),
+        )
     )
 
 
@@ -67,6 +80,8 @@ def add_default_system(turns: pl.LazyFrame, *, enabled: bool) -> pl.LazyFrame:
             pl.lit(-1, dtype=pl.Int32).alias(TURN_INDEX),
             pl.lit("system").alias(ROLE),
             pl.lit("").alias(CONTENT),
+            pl.lit(None, dtype=pl.Boolean).alias(MSG_TRAIN),
+            pl.lit(None, dtype=pl.Float64).alias(MSG_WEIGHT),
             pl.lit(True).alias(INJECTED),
         )
     )
@@ -111,10 +126,14 @@ def attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFra
 
 
 def mark_training(turns: pl.LazyFrame, opts: MaskOptions) -> pl.LazyFrame:
-    """Per-turn flags: is the header / content / end-of-turn of this turn trained?"""
+    """Per-turn flags: is the header / content / end-of-turn of this turn trained?
+
+    Role rules give the default; a message's own `train` field overrides it (seed 004 /
+    LLaMA-Factory style), and `last_assistant_only` / the end-of-turn policy narrow it.
+    """
     is_assistant = pl.col(ROLE) == "assistant"
     last_assistant = pl.when(is_assistant).then(pl.col(TURN_INDEX)).max().over(CONV)
-    trains = pl.col(ROLE).is_in(list(opts.train_roles))
+    trains = pl.coalesce(pl.col(MSG_TRAIN), pl.col(ROLE).is_in(list(opts.train_roles)))
     if opts.last_assistant_only:
         trains = trains & (~is_assistant | (pl.col(TURN_INDEX) == last_assistant))
     end = {
@@ -124,19 +143,43 @@ def mark_training(turns: pl.LazyFrame, opts: MaskOptions) -> pl.LazyFrame:
         "none": pl.lit(False),
     }[opts.eot]
     return turns.with_columns(
-        (trains & pl.lit(opts.train_header)).alias(TRAIN_HEADER),
-        trains.alias(TRAIN_CONTENT),
+        (trains & pl.lit(opts.train_header)).fill_null(False).alias(TRAIN_HEADER),
+        trains.fill_null(False).alias(TRAIN_CONTENT),
         end.fill_null(False).alias(TRAIN_END),
     )
 
 
-def plan_truncation(turns: pl.LazyFrame, *, seq_len: int, bos_len: int, eos_len: int) -> pl.LazyFrame:
-    """Whole-turn dropping (rules 1-2 of seed 000) and the hard-cut window (rule 3).
+def require_complete_user(turns: pl.LazyFrame) -> pl.LazyFrame:
+    """Seed 001: an assistant turn trains only when a whole user turn precedes it in its unit.
 
-    Units start at each user turn; the leading system turn is never dropped and neither is
-    the unit holding the final assistant turn. Because unit lengths are positive, dropping
-    the fewest oldest units that makes the rest fit is the same as keeping every unit whose
-    tail sum (itself and all later turns) fits next to the head: one reverse cumulative sum.
+    Runs after truncation: a user turn cut by the hard cut (it starts before the window) is
+    incomplete, and so is a unit with no user turn at all.
+    """
+    complete_user = (pl.col(ROLE) == "user") & pl.col("keep_whole") & (pl.col(POS) >= pl.col(CUT))
+    ok = complete_user.any().over([CONV, UNIT])
+    gate = (pl.col(ROLE) != "assistant") | ok
+    return turns.with_columns(
+        (pl.col(TRAIN_HEADER) & gate).alias(TRAIN_HEADER),
+        (pl.col(TRAIN_CONTENT) & gate).alias(TRAIN_CONTENT),
+        (pl.col(TRAIN_END) & gate).alias(TRAIN_END),
+    )
+
+
+def plan_truncation(
+    turns: pl.LazyFrame, *, seq_len: int, bos_len: int, eos_len: int, policy: str = "drop_oldest_turns"
+) -> pl.LazyFrame:
+    """Decide which whole turns stay (`keep_whole`) and the kept window (`CUT`, `WINDOW`).
+
+    Policies (DESIGN §5):
+    - `drop_oldest_turns` (seed 000): drop whole oldest units after the system turn until it
+      fits, never the unit of the final assistant turn; then a hard cut that keeps the final
+      end-of-turn. Units start at each user turn. Because unit lengths are positive, dropping
+      the fewest oldest units is keeping every unit whose tail sum (itself and all later
+      turns) fits next to the head: one reverse cumulative sum, no loop.
+    - `keep_prefix` (seed 001's length filter): keep the longest prefix of whole units that
+      fits; when the first unit does not fit with the system turn, drop the conversation.
+    - `right` (seed 004): keep the first seq_len tokens.
+    - `drop`: drop conversations longer than seq_len.
     """
     is_head = (pl.col(TURN_INDEX) == 0) & (pl.col(ROLE) == "system")
     last_assistant = pl.when(pl.col(ROLE) == "assistant").then(pl.col(TURN_INDEX)).max().over(CONV)
@@ -145,9 +188,23 @@ def plan_truncation(turns: pl.LazyFrame, *, seq_len: int, bos_len: int, eos_len:
         pl.when(pl.col(TURN_INDEX) == last_assistant).then(pl.col(UNIT)).max().over(CONV),
         pl.col(UNIT).max().over(CONV),
     )
-    head_len = bos_len + eos_len + pl.when(is_head).then(pl.col(TURN_LEN)).otherwise(0).sum().over(CONV)
-    # Window expressions must not nest: the inner .over would run inside the outer groups.
-    unit_tail = pl.col("tail").max().over([CONV, UNIT])
+    fixed = bos_len + eos_len
+    head_len = fixed + pl.when(is_head).then(pl.col(TURN_LEN)).otherwise(0).sum().over(CONV)
+    # Window expressions must not nest (an inner .over would run inside the outer groups),
+    # so running sums are materialized as columns first.
+    full = fixed + pl.col(TURN_LEN).sum().over(CONV)
+    keep_whole = {
+        "drop_oldest_turns": is_head | (pl.col(UNIT) >= protected) | (head_len + pl.col("tail").max().over([CONV, UNIT]) <= seq_len),
+        "keep_prefix": is_head | (fixed + pl.col("upto").max().over([CONV, UNIT]) <= seq_len),
+        "right": pl.lit(True),
+        "drop": pl.lit(True),
+    }[policy]
+    first_unit = pl.when(~is_head).then(pl.col(UNIT)).min().over(CONV)
+    drop_reason = {
+        "keep_prefix": pl.when(~(pl.col("keep_whole") & (pl.col(UNIT) == first_unit)).any().over(CONV))
+        .then(pl.lit("first_pair_too_long")),
+        "drop": pl.when(full > seq_len).then(pl.lit("too_long")),
+    }.get(policy, pl.lit(None, dtype=pl.String))
     keep_len = pl.when(pl.col("keep_whole")).then(pl.col(TURN_LEN)).otherwise(0)
     final_eot = (
         pl.when(pl.col(TURN_INDEX) == last_assistant)
@@ -158,7 +215,9 @@ def plan_truncation(turns: pl.LazyFrame, *, seq_len: int, bos_len: int, eos_len:
     # A hard cut keeps the seq_len tokens that end with the final assistant end-of-turn:
     # turns after it carry no loss, and ending there keeps that end-of-turn a target.
     stop = (
-        pl.when((pl.col(TOTAL) <= seq_len) | final_eot.is_null())
+        pl.when(pl.lit(policy == "right"))
+        .then(pl.min_horizontal(pl.col(TOTAL), seq_len))
+        .when((pl.col(TOTAL) <= seq_len) | final_eot.is_null())
         .then(pl.col(TOTAL))
         .otherwise(final_eot + 1)
     )
@@ -166,13 +225,13 @@ def plan_truncation(turns: pl.LazyFrame, *, seq_len: int, bos_len: int, eos_len:
         turns.with_columns(
             unit.cast(pl.Int32).alias(UNIT),
             pl.col(TURN_LEN).cum_sum(reverse=True).over(CONV).alias("tail"),
+            pl.col(TURN_LEN).cum_sum().over(CONV).alias("upto"),
         )
-        .with_columns(
-            (is_head | (pl.col(UNIT) >= protected) | (head_len + unit_tail <= seq_len)).alias("keep_whole")
-        )
+        .with_columns(keep_whole.alias("keep_whole"))
         .with_columns(
             (bos_len + keep_len.cum_sum().over(CONV) - keep_len).alias(POS),
-            (bos_len + eos_len + keep_len.sum().over(CONV)).alias(TOTAL),
+            (fixed + keep_len.sum().over(CONV)).alias(TOTAL),
+            drop_reason.alias(DROP_REASON),
         )
         .with_columns(stop.alias("stop"))
         .with_columns(pl.max_horizontal(pl.col("stop") - seq_len, 0).alias(CUT))
@@ -214,6 +273,7 @@ def plan_turns(
     seq_len: int,
     bos_len: int,
     eos_len: int,
+    truncation: str = "drop_oldest_turns",
 ) -> pl.LazyFrame:
     """All per-turn stages in order: explode, default system, tokenize, template, mask, truncate."""
     turns = explode_turns(records)
@@ -221,5 +281,7 @@ def plan_turns(
     turns = tokenize_contents(turns, encode=encode, system_ids=system_ids or [])
     turns = attach_template(turns, role_table)
     turns = mark_training(turns, mask)
-    turns = plan_truncation(turns, seq_len=seq_len, bos_len=bos_len, eos_len=eos_len)
+    turns = plan_truncation(turns, seq_len=seq_len, bos_len=bos_len, eos_len=eos_len, policy=truncation)
+    if mask.require_complete_user:
+        turns = require_complete_user(turns)
     return place_turns(turns)

@@ -144,8 +144,9 @@ class TemplateIds:
         )
 
     def to_json(self) -> dict[str, Any]:
+        fmt = {"text": RoleFormat("", "", ""), **self.template.roles}
         roles = {
-            r: {**asdict(self.template.roles[r]), "header_ids": self.header[r],
+            r: {**asdict(fmt[r]), "header_ids": self.header[r],
                 "end_ids": self.end[r], "sep_ids": self.sep[r]}
             for r in sorted(self.header)
         }
@@ -174,11 +175,13 @@ def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateId
     if len(eot) != 1:
         raise EtlError(f"template {template.name}: end-of-turn {template.eot!r} must be one token, got {eot}")
     special_ids = {tok: tid for tok in specials if (tid := tokenizer.special_id(tok)) is not None}
+    # `text` (pretraining, seed 004) is bare content in every template.
+    roles = {"text": RoleFormat("", "", ""), **template.roles}
     return TemplateIds(
         template=template,
-        header={r: enc(f.header) for r, f in template.roles.items()},
-        end={r: enc(f.end) for r, f in template.roles.items()},
-        sep={r: enc(f.sep) for r, f in template.roles.items()},
+        header={r: enc(f.header) for r, f in roles.items()},
+        end={r: enc(f.end) for r, f in roles.items()},
+        sep={r: enc(f.sep) for r, f in roles.items()},
         bos=enc(template.bos),
         eos=enc(template.eos),
         eot_id=eot[0],

@@ -36,6 +36,13 @@ DATA_SCHEMA = pa.schema(
         (c.TRUNCATED, pa.bool_()),
     ]
 )
+
+
+def data_schema(*, weights: bool) -> pa.Schema:
+    """The `data` schema; with per-message weights it gains `loss_weight` list<float32>."""
+    return DATA_SCHEMA.append(pa.field(c.LOSS_WEIGHT, pa.list_(pa.float32()))) if weights else DATA_SCHEMA
+
+
 TURNS_SCHEMA = pa.schema(
     [
         (c.ID, pa.string()),

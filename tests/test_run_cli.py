@@ -175,7 +175,7 @@ def test_template_token_missing_from_vocabulary_is_one_clear_line(tmp_path: Path
     [
         (["run", "does/not/exist", "out"], "no input files found"),
         (["run", "examples/raw", "out", "--template", "nope"], "unknown template 'nope'"),
-        (["run", "examples/raw", "out", "--seq-len", "1"], "--seq-len must be at least 2"),
+        (["run", "examples/raw", "out", "--seq-len", "1"], "seq_len must be at least 2"),
         (["run", "examples/raw", "out", "--tokenizer", "missing.json"], "tokenizer missing.json does not exist"),
     ],
 )

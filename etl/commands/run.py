@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", help="`bytes` (built-in, default), a tokenizer.json, or a HF model directory")
     p.add_argument("--template", help="ngpt (default), post_training, chatml, llama3, phi3")
     p.add_argument("--seq-len", type=int, help=f"S, the longest input_ids an example keeps (default {DEFAULT_SEQ_LEN})")
+    p.add_argument("--truncation", choices=["drop_oldest_turns", "keep_prefix", "right", "drop"],
+                   help="what to do with conversations longer than S (default drop_oldest_turns)")
     p.add_argument("--no-default-system", action="store_true", help="do not insert a system message when missing")
     p.add_argument("--engine", choices=["local"], default="local", help="execution engine (default local)")
     p.add_argument("--chunk-mb", type=float, help="MiB of input per chunk (bounds memory; default 32)")
