@@ -7,6 +7,7 @@ with the counts that must add up, is written last.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -88,6 +89,13 @@ class Context:
     files: list[str] = field(default_factory=list)
 
     @property
+    def mask(self) -> st.MaskOptions:
+        """Mask options with the template's default for training the assistant header."""
+        if self.config.mask.train_header is not None:
+            return self.config.mask
+        return dataclasses.replace(self.config.mask, train_header=self.template.template.train_header)
+
+    @property
     def weights(self) -> bool:
         """Per-message weights are written (`loss_weight`) when the input names a weight key."""
         return "weight_key" in self.config.input_options
@@ -125,7 +133,10 @@ def _examples(records: pl.DataFrame, plan: pl.DataFrame, built: Assembled, ctx: 
     tokens = pl.from_arrow(pa.table(columns))
     return (
         records.select(st.CONV, c.ID, c.SOURCE_FILE, c.SOURCE_LINE, c.DOMAIN, c.SPLIT)
-        .join(tokens, on=st.CONV, how="inner", maintain_order="left")
+        # left join: a conversation whose every turn was dropped (keep_prefix) has no tokens
+        # but must still be counted with its drop reason
+        .join(tokens, on=st.CONV, how="left", maintain_order="left")
+        .with_columns(pl.col(c.NUM_TOKENS, c.NUM_TRAINED).fill_null(0))
         .join(_conversation_summary(plan, seq_len, bos_eos), on=st.CONV, how="left", maintain_order="left")
     )
 
@@ -159,7 +170,7 @@ def build_examples(records: pl.DataFrame, ctx: Context) -> tuple[pl.DataFrame, p
         encode=ctx.tokenizer.encode_texts,
         role_table=ctx.template.role_table(),
         system_ids=ctx.system_ids,
-        mask=cfg.mask,
+        mask=ctx.mask,
         seq_len=cfg.seq_len,
         bos_len=len(ctx.bos),
         eos_len=len(ctx.eos),

@@ -39,7 +39,7 @@ class MaskOptions:
     """Which pieces of which turns are trained (DESIGN §5 defaults: assistant content + end)."""
 
     train_roles: tuple[str, ...] = ("assistant",)
-    train_header: bool = False
+    train_header: bool | None = None  # None: the template's default (seed 001's trains the marker)
     eot: str = "turn"  # turn | last | all | none
     last_assistant_only: bool = False
     require_complete_user: bool = False  # seed 001: an assistant turn trains only after a whole user turn
@@ -143,7 +143,7 @@ def mark_training(turns: pl.LazyFrame, opts: MaskOptions) -> pl.LazyFrame:
         "none": pl.lit(False),
     }[opts.eot]
     return turns.with_columns(
-        (trains & pl.lit(opts.train_header)).fill_null(False).alias(TRAIN_HEADER),
+        (trains & pl.lit(bool(opts.train_header))).fill_null(False).alias(TRAIN_HEADER),
         trains.fill_null(False).alias(TRAIN_CONTENT),
         end.fill_null(False).alias(TRAIN_END),
     )

@@ -10,14 +10,20 @@ import pyarrow as pa
 from etl.config import RunConfig
 from etl.run import Context, build_context, build_examples, records_frame
 
-MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+MESSAGE_FIELDS = [("role", pa.string()), ("content", pa.string())]
+OVERRIDES = [("train", pa.bool_()), ("weight", pa.float64())]
 
 
-def pipeline_examples(convs: list[list[dict[str, str]]], config: RunConfig, tmp: Path) -> tuple[pl.DataFrame, pl.DataFrame, Context]:
-    """Run the vectorized pipeline on in-memory conversations; returns (examples, plan, ctx)."""
+def pipeline_examples(convs: list[list[dict[str, object]]], config: RunConfig, tmp: Path) -> tuple[pl.DataFrame, pl.DataFrame, Context]:
+    """Run the vectorized pipeline on in-memory conversations; returns (examples, plan, ctx).
+
+    Messages may carry `train` / `weight` overrides, as a builder would produce them.
+    """
     ctx = build_context(config, tmp)
+    with_overrides = any("train" in m or "weight" in m for conv in convs for m in conv)
+    message = pa.struct(MESSAGE_FIELDS + (OVERRIDES if with_overrides else []))
     good = pa.table(
-        {"source_line": pa.array(range(len(convs)), pa.int64()), "messages": pa.array(convs, MESSAGES)}
+        {"source_line": pa.array(range(len(convs)), pa.int64()), "messages": pa.array(convs, pa.list_(message))}
     )
     examples, plan = build_examples(records_frame("mem.jsonl", good), ctx)
     return examples, plan, ctx

@@ -61,7 +61,8 @@ def test_sample_counts_add_up_and_name_every_bad_record(sample: Path) -> None:
     rejects = {(r["source_file"], r["source_line"]): r for r in read(sample, "_rejects").to_pylist()}
     assert rejects[("chats.jsonl", 15)]["reason"] == "invalid_json"  # line 16, after a blank line
     assert rejects[("chats.jsonl", 17)]["detail"].startswith('message 0 has role "narrator"')
-    assert rejects[("chats.jsonl", 18)]["detail"] == "message 0 content is ubigint, not a string"
+    detail = rejects[("chats.jsonl", 18)]["detail"]
+    assert detail.startswith("message 0") and "content" in detail and "not a string" in detail
     assert rejects[("counting.json", 4)]["reason"] == "not_an_object"
     assert read(sample, "data").num_rows == counts["written"]
 
