@@ -68,7 +68,9 @@ class EpisodeDataLoader:
             raise EtlError("set batch_size and block_size (arguments or <batch_size>/<block_size>)")
         self.use_loss_mask = cfg.use_loss_mask if use_loss_mask is None else use_loss_mask
         self.dataset_dir, self.device = Path(dataset_dir), resolve_device(device)
-        self.mode, self.sampling = cfg.dataset_mode, cfg.sampling
+        self.mode = cfg.dataset_mode
+        # batch_sampling_mode applies to sft_episode only; token_stream always draws windows.
+        self.sampling = cfg.sampling if self.mode == "sft_episode" else "random"
         self.pad_id = self._pad_id(eos_id)
         self.splits: dict[str, EpisodeSplit] = {}
         self.episode_ids: dict[str, np.ndarray] = {}
