@@ -101,7 +101,7 @@ def test_export_cli_rejects_unknown_formats_and_missing_input(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit):
-        main(["export", str(tmp_path), str(tmp_path / "o"), "--format", "bin"])
+        main(["export", str(tmp_path), str(tmp_path / "o"), "--format", "parquet9"])
     assert (
         main(["export", str(tmp_path / "none"), str(tmp_path / "o"), "--format", "episodes"]) == 2
     )
