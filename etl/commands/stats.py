@@ -90,8 +90,11 @@ def _print_tables(tables: dict[str, Any], *, limit: int) -> None:
         for field in table.schema:
             numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type)
             view.add_column(field.name, justify="right" if numeric else "left")
-        for row in shown.to_pylist():
-            view.add_row(*(_cell(v) for v in row.values()))
+        bars = _bars(shown) if name == "length_histogram" else None
+        if bars:
+            view.add_column("", style="cyan")
+        for i, row in enumerate(shown.to_pylist()):
+            view.add_row(*(_cell(v) for v in row.values()), *([bars[i]] if bars else []))
         console.print(view)
         if shown.num_rows < table.num_rows:
             console.print(
@@ -100,6 +103,13 @@ def _print_tables(tables: dict[str, Any], *, limit: int) -> None:
             )
         if table.num_rows == 0:
             console.print("[dim](no rows)[/dim]")
+
+
+def _bars(table: Any, width: int = 40) -> list[str]:
+    """A text bar per histogram row, scaled to the largest bin (a plot in the terminal)."""
+    counts = table.column("examples").to_pylist()
+    top = max(counts, default=0)
+    return [("█" * max(1, round(width * n / top)) if n else "") for n in counts] if top else []
 
 
 def _cell(value: Any) -> str:

@@ -90,3 +90,10 @@ def test_console_script_error_has_no_traceback(cli, tmp_path: Path) -> None:
     proc = cli("stats", str(tmp_path / "missing"))
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_histogram_table_draws_a_bar_per_nonempty_bin(dst: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "stats", str(dst), "--query", "length_histogram", "--limit", "0")
+    bins = run_query(dst, "length_histogram").to_pylist()
+    assert code == 0
+    assert sum("█" in line for line in out.splitlines()) == sum(1 for b in bins if b["examples"])
