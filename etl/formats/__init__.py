@@ -1,0 +1,5 @@
+"""Input formats: one module per family of record shapes, each registering builders in `etl.builders`.
+
+`base` holds the registry and the SQL pieces every builder shares; `conversation` (chat,
+sharegpt), `instruction` (instruction, prompt_completion) and `text` hold the builders.
+"""

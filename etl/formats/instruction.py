@@ -1,0 +1,199 @@
+"""Single-turn builders: `instruction` (prompt/response and alpaca) and `prompt_completion`.
+
+Both make `[system?] + history + [user, assistant]` from top-level string fields. The alpaca
+fields are fallbacks of the prompt/response fields, so a seed-004 config that names
+`prompt_key: "instruction", response_key: "output"` still appends a non-empty `input`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from etl.errors import EtlError
+from etl.formats.base import (
+    HEAD_DETAILS,
+    HEAD_REASONS,
+    MESSAGE_TYPE,
+    BuilderQuery,
+    Slots,
+    base_params,
+    check_key,
+    is_string,
+    kind,
+    records_cte,
+    register_builder,
+    require_roles,
+)
+
+
+def _message(role: str, content: str) -> str:
+    return (f"struct_pack(role := {role}, content := {content}, train := null::boolean, "
+            f"weight := null::double)::{MESSAGE_TYPE}")
+
+
+# `p`/`r`: the prompt and response JSON, from the prompt/response key or its alpaca fallback.
+# `pairs`: the history parsed (a second, small json_transform) only when it is a list.
+QUERY = f"""
+checked as (
+    select
+        *,
+        coalesce(prompt, instr) as p,
+        case when prompt is not null then $prompt_key else $instruction_key end as p_key,
+        coalesce(resp, outp) as r,
+        case when resp is not null then $response_key else $output_key end as r_key,
+        case when starts_with(hist, '[') then json_transform(hist, $pairs) end as pairs,
+        list_position(list_transform(pairs, lambda h: coalesce(
+            len(h) = 2 and {is_string("h[1]")} and {is_string("h[2]")}, false)), false) as bad_pair,
+        case when {is_string("sys")} and sys <> '""' then sys ->> '$' end as sys_text
+    from fields
+),
+final as (
+    select
+        source_line,
+        case {HEAD_REASONS}
+            when p is null then case when json_type(line) <> 'OBJECT' then 'not_an_object' else 'missing_key' end
+            when r is null then 'missing_key'
+            when not {is_string("p")} or not {is_string("r")} then 'not_a_string'
+            when input is not null and not {is_string("input")} then 'not_a_string'
+            when sys is not null and not {is_string("sys")} then 'not_a_string'
+            when hist is not null and (pairs is null or bad_pair is not null) then 'bad_history'
+            when sys_text is not null and not list_contains($roles, 'system') then 'unknown_role'
+        end as reason,
+        case reason {HEAD_DETAILS}
+            when 'missing_key' then case when p is null then $no_prompt else $no_response end
+            when 'not_a_string' then case
+                when not {is_string("p")} then '"' || p_key || '" is ' || {kind("p")}
+                when not {is_string("r")} then '"' || r_key || '" is ' || {kind("r")}
+                when input is not null and not {is_string("input")} then '"' || $input_key || '" is ' || {kind("input")}
+                else '"' || $system_key || '" is ' || {kind("sys")}
+                end || ', not a string'
+            when 'bad_history' then case
+                when pairs is null then '"' || $history_key || '" is ' || {kind("hist")}
+                    || ', not a list of [user, assistant] pairs'
+                else '"' || $history_key || '" item ' || (bad_pair - 1)
+                    || ' is not a [user, assistant] pair of strings'
+                end
+            when 'unknown_role' then 'the record has a system prompt but the template has no system role; '
+                || 'expected one of ' || array_to_string($roles, ', ')
+        end as detail,
+        case when reason is null then
+            case when sys_text is null then []::{MESSAGE_TYPE}[]
+                else [{_message("'system'", "sys_text")}] end
+            || coalesce(flatten(list_transform(pairs, lambda h: [
+                {_message("'user'", "h[1] ->> '$'")}, {_message("'assistant'", "h[2] ->> '$'")}])), [])
+            || [{_message("'user'", "concat_ws($input_sep, p ->> '$', nullif(input ->> '$', ''))")},
+                {_message("'assistant'", "response")}]
+        end as messages,
+        dom ->> '$' as domain,
+        case when reason is not null then left(line, $preview) end as raw
+    from (select *, r ->> '$' as r_text, case when $suffix <> '' and ends_with(r_text, $suffix)
+            then left(r_text, length(r_text) - length($suffix)) else r_text end as response from checked)
+)
+select source_line, reason, detail, raw, messages, domain from final"""
+
+
+def _no_key(key: str, fallback: str | None) -> str:
+    keys = f'"{key}"' if fallback in (None, key) else f'"{key}" or "{fallback}"'
+    return f"no {keys} key (or it is null)"
+
+
+def single_turn_query(
+    *,
+    roles: Sequence[str],
+    input_type: str,
+    prompt_key: str,
+    response_key: str,
+    instruction_key: str | None = None,
+    input_key: str | None = None,
+    output_key: str | None = None,
+    system_key: str | None = None,
+    history_key: str | None = None,
+    input_separator: str = "\n\n",
+    strip_suffix: str | None = None,
+    domain_key: str | None = None,
+) -> BuilderQuery:
+    """The shared query of `instruction` and `prompt_completion`; keys are bound parameters."""
+    check_key("prompt_key", prompt_key)
+    check_key("response_key", response_key)
+    for option, key in (("instruction_key", instruction_key), ("input_key", input_key),
+                        ("output_key", output_key), ("system_key", system_key),
+                        ("history_key", history_key), ("domain_key", domain_key)):
+        check_key(option, key, optional=True)
+    if not isinstance(input_separator, str):
+        raise EtlError(f"input.input_separator is {input_separator!r}; expected a string")
+    if strip_suffix is not None and not isinstance(strip_suffix, str):
+        raise EtlError(f"input.strip_suffix is {strip_suffix!r}; expected a string or null")
+    require_roles(("user", "assistant"), roles, input_type)
+    top = Slots("rec")
+    slots = {
+        "prompt": top.slot(prompt_key), "instr": top.slot(instruction_key), "input": top.slot(input_key),
+        "resp": top.slot(response_key), "outp": top.slot(output_key), "sys": top.slot(system_key),
+        "hist": top.slot(history_key), "dom": top.slot(domain_key),
+    }
+    params = base_params(structure=top.structure(), roles=roles) | {
+        "pairs": json.dumps([["JSON"]]),
+        "prompt_key": prompt_key, "instruction_key": instruction_key or prompt_key,
+        "response_key": response_key, "output_key": output_key or response_key,
+        "input_key": input_key or "", "system_key": system_key or "", "history_key": history_key or "",
+        "no_prompt": _no_key(prompt_key, instruction_key), "no_response": _no_key(response_key, output_key),
+        "input_sep": input_separator, "suffix": strip_suffix or "",
+    }
+    return BuilderQuery(sql="with" + records_cte(slots) + "," + QUERY, params=params)
+
+
+@register_builder("instruction")
+def instruction_builder(
+    *,
+    roles: Sequence[str],
+    prompt_key: str = "prompt",
+    response_key: str = "response",
+    instruction_key: str | None = "instruction",
+    input_key: str | None = "input",
+    output_key: str | None = "output",
+    system_key: str | None = "system",
+    history_key: str | None = "history",
+    input_separator: str = "\n\n",
+    strip_suffix: str | None = None,
+    domain_key: str | None = None,
+    **_: Any,
+) -> BuilderQuery:
+    """Instruction records: prompt/response (seed 004) or alpaca instruction/input/output.
+
+    user = the `prompt_key` string, or else the `instruction_key` string, followed by
+    `input_separator` and the `input_key` string when that is non-empty; assistant = the
+    `response_key` string, or else the `output_key` string (minus `strip_suffix`). A non-empty
+    `system_key` string becomes a leading system message; `history_key` (alpaca /
+    LLaMA-Factory) is a list of [user, assistant] string pairs inserted as earlier turns.
+    Set an alpaca key to null to ignore that field.
+    """
+    return single_turn_query(
+        roles=roles, input_type="instruction", prompt_key=prompt_key, response_key=response_key,
+        instruction_key=instruction_key, input_key=input_key, output_key=output_key,
+        system_key=system_key, history_key=history_key, input_separator=input_separator,
+        strip_suffix=strip_suffix, domain_key=domain_key,
+    )
+
+
+@register_builder("prompt_completion")
+def prompt_completion_builder(
+    *,
+    roles: Sequence[str],
+    prompt_key: str = "prompt",
+    completion_key: str = "completion",
+    strip_suffix: str | None = None,
+    system_key: str | None = None,
+    domain_key: str | None = None,
+    **_: Any,
+) -> BuilderQuery:
+    """`{"prompt", "completion"}` records (OpenAI legacy fine-tuning, TRL) as user/assistant.
+
+    `strip_suffix` removes one trailing occurrence of a literal string from the completion:
+    T0 / GPT-3 fine-tuning data ends every completion with `<|endoftext|>`, which must not be
+    trained as text (the template adds its own end-of-turn). Default: keep the text as is.
+    """
+    return single_turn_query(
+        roles=roles, input_type="prompt_completion", prompt_key=prompt_key, response_key=completion_key,
+        system_key=system_key, strip_suffix=strip_suffix, domain_key=domain_key,
+    )
