@@ -66,6 +66,25 @@ def _first_last(conv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return first, last
 
 
+def _range_gather(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Indices of the concatenated ranges [starts[i], starts[i] + lengths[i]).
+
+    One cumulative sum over a delta array (1 inside a range, a jump at each range start)
+    instead of repeat + arange: a single pass and a single array, int32 when it fits.
+    """
+    keep = lengths > 0
+    starts, lengths = starts[keep], lengths[keep]
+    total = int(lengths.sum())
+    dtype = np.int32 if max(total, int(starts.max(initial=0)) + 1) < 2**31 else np.int64
+    delta = np.ones(total, dtype=dtype)
+    if total:
+        firsts = np.cumsum(lengths) - lengths
+        prev_last = np.concatenate(([0], (starts + lengths - 1)[:-1]))
+        delta[firsts] = starts - prev_last
+        delta[0] = starts[0]
+    return np.cumsum(delta, dtype=dtype)
+
+
 def assemble(
     turns: pl.DataFrame, *, bos_ids: list[int], eos_ids: list[int], weights: bool = False
 ) -> Assembled:
@@ -119,10 +138,7 @@ def assemble(
     clipped = np.maximum(hi - lo, 0).ravel()
     src_start = (piece_src + (lo - piece_pos)).ravel()
 
-    out_start = np.cumsum(clipped) - clipped
-    total = int(clipped.sum())
-    gather = np.repeat(src_start - out_start, clipped) + np.arange(total, dtype=np.int64)
-    ids = src[gather]
+    ids = src[_range_gather(src_start, clipped)]
     mask = np.repeat(flags.ravel(), clipped)
 
     weight = None

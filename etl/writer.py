@@ -81,6 +81,9 @@ def write_part(table: pa.Table, path: Path, *, row_group_size: int = ROW_GROUP_S
         tmp,
         row_group_size=row_group_size,
         compression="zstd",
+        # Dictionary-encode the repetitive strings only: token ids have vocab-sized
+        # dictionaries that overflow and fall back anyway, at a cost.
+        use_dictionary=[f.name for f in table.schema if pa.types.is_string(f.type)],
         write_statistics=True,
         store_schema=True,
     )
