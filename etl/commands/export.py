@@ -6,10 +6,11 @@ Formats sit in `FORMATS` (name -> function); adding one (seed 004's bin / h5) is
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from etl.columns import SPLITS
+from etl.columns import DATA_DIR, SPLITS
 
 NAME = "export"
 HELP = "Export tokenized Parquet to another layout (episodes: seed 002 tokens/mask/idx files)."
@@ -24,7 +25,49 @@ def _episodes(
     return export_episodes(dst, out, splits=splits, mask=mask)
 
 
-FORMATS: dict[str, Callable[..., dict[str, dict[str, int]]]] = {"episodes": _episodes}
+def _storage(storage_format: str) -> Callable[..., dict[str, dict[str, int]]]:
+    """Seed 004 bin / h5: OUT/<domain>/meta.json + int64 token files (see etl.storage)."""
+
+    def export(
+        dst: Path,
+        out: Path,
+        *,
+        splits: tuple[str, ...],
+        mask: bool,
+        max_tokens_per_shard: int | None,
+    ) -> dict[str, dict[str, int]]:
+        from etl.storage import DEFAULT_MAX_TOKENS_PER_SHARD, domain_folder, export_storage
+
+        # Seed 004 has no splits: one split per OUT, the first requested one that exists.
+        have = [s for s in splits if (dst / DATA_DIR / s).is_dir()] or list(splits[:1])
+        if len(have) > 1:
+            print(
+                f"{storage_format} holds one split: {have[0]}; for {have[1:]} run again "
+                "with --splits NAME and another OUT",
+                file=sys.stderr,
+            )
+        counts = export_storage(
+            dst,
+            out,
+            storage_format=storage_format,
+            split=have[0],
+            max_tokens_per_shard=DEFAULT_MAX_TOKENS_PER_SHARD
+            if max_tokens_per_shard is None
+            else max_tokens_per_shard,
+        )  # seed 004 always has loss_mask.bin: --no-mask is for episodes only
+        return {
+            domain_folder(d): {"episodes": c["sequences"], "tokens": c["tokens"]}
+            for d, c in counts.items()
+        }
+
+    return export
+
+
+FORMATS: dict[str, Callable[..., dict[str, dict[str, int]]]] = {
+    "episodes": _episodes,
+    "bin": _storage("bin"),
+    "h5": _storage("h5"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,12 +83,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="splits to export (default: %(default)s); missing ones are skipped",
     )
     parser.add_argument("--no-mask", action="store_true", help="do not write the loss mask")
+    parser.add_argument(
+        "--max-tokens-per-shard",
+        type=int,
+        metavar="N",
+        help="bin/h5: tokens per shard (default: seed 004's 100M); bin/h5 write the first split",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Export and print one line per split written."""
+    extra = {"max_tokens_per_shard": args.max_tokens_per_shard} if args.format != "episodes" else {}
     counts = FORMATS[args.format](
-        args.dst, args.out, splits=tuple(args.splits), mask=not args.no_mask
+        args.dst, args.out, splits=tuple(args.splits), mask=not args.no_mask, **extra
     )
     for split, c in counts.items():
         print(f"{split}: {c['episodes']:,} episodes, {c['tokens']:,} tokens -> {args.out / split}")
