@@ -80,10 +80,17 @@ def read_turns(dst: str | os.PathLike[str], *, split: str, example_id: str) -> l
 
 
 def token_strings(manifest: dict[str, Any], ids: Sequence[int]) -> list[str]:
-    """Display string of every id, from the tokenizer recorded in the manifest."""
+    """Display string of every id, from the tokenizer recorded in the manifest.
+
+    With the `bytes` tokenizer a multi-byte UTF-8 character spans several tokens: it is shown
+    whole on its first byte's token, and its other bytes show as "" (one string per id still).
+    """
     from etl.tokenizer import load_tokenizer_from_manifest
 
-    return load_tokenizer_from_manifest(manifest).token_strings(list(ids))
+    strings = load_tokenizer_from_manifest(manifest).token_strings(list(ids))
+    if (manifest.get("tokenizer") or {}).get("name") == "bytes":
+        strings = _join_utf8(ids, strings)
+    return strings
 
 
 def describe(example: dict[str, Any], turns: Sequence[dict[str, Any]]) -> list[str]:
@@ -176,6 +183,25 @@ def render_rich(
         if "\n" in shown:
             body.append("\n")
     return [header, legend, Text(""), body]
+
+
+def _join_utf8(ids: Sequence[int], strings: list[str]) -> list[str]:
+    out = list(strings)
+    pos = 0
+    while pos < len(ids):
+        lead = ids[pos]
+        # Lead bytes 0xC2..0xF4 announce 1..3 continuation bytes (0x80..0xBF).
+        size = 2 if 0xC2 <= lead <= 0xDF else 3 if 0xE0 <= lead <= 0xEF else 4 if 0xF0 <= lead <= 0xF4 else 1
+        chunk = list(ids[pos:pos + size])
+        if size > 1 and len(chunk) == size and all(0x80 <= b <= 0xBF for b in chunk[1:]):
+            try:
+                out[pos:pos + size] = [bytes(chunk).decode("utf-8")] + [""] * (size - 1)
+            except UnicodeDecodeError:  # overlong or surrogate forms: keep the bytes as they are
+                size = 1
+        else:
+            size = 1
+        pos += size
+    return out
 
 
 def _style(trained: bool, pos: int, *, special: bool) -> str:

@@ -16,9 +16,17 @@ BY_ID = {v: k for k, v in SPECIAL.items()}
 MARKER = re.compile(r"^── turn (\d+) · (\w+) · tokens \[(\d+), (\d+)\) · (trained|not trained) ──$", re.MULTILINE)
 
 
-def expected_strings(ids: list[int]) -> list[str]:
-    """The fixture's own display rule: specials by name, other ids are one byte each."""
-    return [BY_ID.get(i) or bytes([i]).decode("latin-1") for i in ids]
+def expected_text(ids: list[int]) -> str:
+    """The fixture's text: specials by name, runs of byte ids decoded as UTF-8."""
+    text, run = [], bytearray()
+    for i in [*ids, None]:
+        if i is not None and i < 256:
+            run.append(i)
+            continue
+        text.append(run.decode("utf-8"))
+        run.clear()
+        text.append(BY_ID.get(i, ""))
+    return "".join(text)
 
 
 def shown(piece: str) -> str:
@@ -26,11 +34,10 @@ def shown(piece: str) -> str:
     return "".join(c if c in "\n\t" or c.isprintable() else f"\\x{ord(c):02x}" for c in piece)
 
 
-def trained_runs(example: dict, turns: list[dict], strings: list[str] | None = None) -> list[str]:
+def trained_runs(example: dict, turns: list[dict], strings: list[str]) -> list[str]:
     """Maximal runs of trained tokens; a turn start also ends a run (the marker cuts it)."""
     starts = {t["start"] for t in turns if t["kept"]}
     runs, current = [], None
-    strings = strings or expected_strings(example["input_ids"])
     for pos, (piece, trained) in enumerate(zip(strings, example["loss_mask"])):
         if current is not None and (not trained or pos in starts):
             runs.append(current)
@@ -45,11 +52,12 @@ def test_plain_view_matches_mask_and_turns(dst: Path, split: str, row: int) -> N
     example = read_example(dst, split=split, row=row)
     turns = read_turns(dst, split=split, example_id=example["id"])
     strings = token_strings(read_manifest(dst), example["input_ids"])
-    assert strings == expected_strings(example["input_ids"])
+    assert len(strings) == len(example["input_ids"])
+    assert "".join(strings) == expected_text(example["input_ids"])  # multi-byte characters whole
     text = render_plain(example, turns, strings)
     header, body = text.split("\n\n", 1)
     assert f"id {example['id']}" in header and f"trained {sum(example['loss_mask'])}" in header
-    assert re.findall(r"\[\[(.*?)\]\]", body, re.DOTALL) == trained_runs(example, turns)
+    assert re.findall(r"\[\[(.*?)\]\]", body, re.DOTALL) == trained_runs(example, turns, strings)
     kept = [t for t in turns if t["kept"]]
     assert [(int(i), role, int(s), int(e), state == "trained") for i, role, s, e, state in MARKER.findall(body)] \
         == [(t["turn_index"], t["role"], t["start"], t["end"], t["trained"]) for t in kept]
@@ -95,3 +103,11 @@ def test_errors_say_what_to_do(dst: Path) -> None:
         read_example(dst, split="test", row=0)
     with pytest.raises(EtlError, match="no example with id 'nope'"):
         read_example(dst, split="val", example_id="nope")
+
+
+def test_multibyte_characters_show_whole(dst: Path) -> None:
+    example = read_example(dst, split="val", example_id="ex-code-3")
+    turns = read_turns(dst, split="val", example_id=example["id"])
+    strings = token_strings(read_manifest(dst), example["input_ids"])
+    assert "<|asst|>[[cödé ✓<|eot|>]]" in render_plain(example, turns, strings)
+    assert strings[strings.index("✓"):][:3] == ["✓", "", ""]  # 3 bytes, one character
