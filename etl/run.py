@@ -64,8 +64,8 @@ class Counts:
             "read": self.read,
             "written": self.written,
             "truncated": self.truncated,
-            "dropped": dict(sorted(self.dropped.items())),
-            "rejected": dict(sorted(self.rejected.items())),
+            "dropped": {k: v for k, v in sorted(self.dropped.items()) if v},
+            "rejected": {k: v for k, v in sorted(self.rejected.items()) if v},
             "tokens": self.tokens,
             "trained_tokens": self.trained_tokens,
         }
@@ -341,5 +341,25 @@ def run(src: str, dst: str, config: RunConfig, *, progress: bool = True) -> dict
     counts = ctx.counts
     assert counts.read == counts.written + sum(counts.dropped.values()) + sum(counts.rejected.values())
     manifest = manifest_for(ctx, sources, time.perf_counter() - started)
+    if config.storage_format != "parquet":
+        manifest["storage"] = _export_storage(out, manifest, config)
     write_manifest(out, manifest)
     return manifest
+
+
+def _export_storage(out: Path, manifest: dict[str, Any], config: RunConfig) -> dict[str, Any]:
+    """seed 004 `output.storage_format`: per-domain bin/h5 next to the Parquet.
+
+    train goes to DST/<domain>/ as the seed lays it out; val, when there is one, to
+    DST/_val/<domain>/ (underscore-prefixed like `_rejects`, so no domain name can clash).
+    """
+    from etl.storage import export_storage
+
+    written = {}
+    for split, target in (("train", out), ("val", out / "_val")):
+        if (out / c.DATA_DIR / split).is_dir():
+            written[split] = export_storage(
+                out, target, storage_format=config.storage_format, split=split,
+                max_tokens_per_shard=config.max_tokens_per_shard, manifest=manifest,
+            )
+    return {"format": config.storage_format, "domains": written}

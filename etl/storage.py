@@ -57,8 +57,8 @@ DEFAULT_MAX_TOKENS_PER_SHARD = 100_000_000  # seed 004 default: 800 MB of int64 
 FORMAT_VERSION = 1
 
 
-def _source(dst: Path) -> dict[str, Any]:
-    manifest = read_manifest(dst)
+def _source(dst: Path, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+    manifest = manifest if manifest is not None else read_manifest(dst)
     keys = ("seq_len", "pad_id", "eot_id", "bos_ids", "eos_ids", "tokenizer", "template")
     return {"dst": str(dst.resolve()), **{k: manifest.get(k) for k in keys}}
 
@@ -70,6 +70,7 @@ def export_storage(
     storage_format: str,
     split: str = "train",
     max_tokens_per_shard: int = DEFAULT_MAX_TOKENS_PER_SHARD,
+    manifest: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, int]]:
     """Write one split of an ``etl run`` output as seed 004's per-domain ``bin`` or ``h5`` files.
 
@@ -79,6 +80,8 @@ def export_storage(
         storage_format: ``"bin"`` or ``"h5"``.
         split: Parquet split to export.
         max_tokens_per_shard: tokens per shard before a new one starts (>= 1).
+        manifest: the run's manifest when ``etl run`` exports before writing it (the manifest
+            is the last file a run writes); read from ``dst`` otherwise.
 
     Returns:
         ``{domain: {"sequences", "tokens", "trained", "shards"}}`` for every domain written.
@@ -92,7 +95,7 @@ def export_storage(
     if max_tokens_per_shard < 1:
         raise EtlError(f"max_tokens_per_shard must be >= 1, got {max_tokens_per_shard}")
     dst, out = Path(dst), Path(out)
-    source = _source(dst)
+    source = _source(dst, manifest)
     files = sorted((dst / c.DATA_DIR / split).glob("*.parquet"))
     if not files:
         have = sorted(p.name for p in (dst / c.DATA_DIR).glob("*") if p.is_dir())

@@ -6,6 +6,7 @@ which, with no timestamps in the files, is what makes two runs byte-identical.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -92,7 +93,18 @@ def write_part(table: pa.Table, path: Path, *, row_group_size: int = ROW_GROUP_S
 
 
 def clear_previous_output(dst: Path) -> None:
-    """Remove a previous run's manifest first (so it never looks finished), then its folders."""
+    """Remove a previous run's manifest first (so it never looks finished), then its folders.
+
+    Only what etl writes goes: data/, turns/, _rejects/, _val/ and seed-004 domain folders
+    (those holding an etl storage `meta.json`); other files in DST are left alone.
+    """
     (dst / c.MANIFEST_FILE).unlink(missing_ok=True)
-    for name in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR):
+    for name in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR, "_val"):
         shutil.rmtree(dst / name, ignore_errors=True)
+    for meta in dst.glob("*/meta.json"):
+        try:
+            is_ours = "format_version" in json.loads(meta.read_text(encoding="utf-8"))
+        except (ValueError, OSError):
+            is_ours = False
+        if is_ours:
+            shutil.rmtree(meta.parent, ignore_errors=True)

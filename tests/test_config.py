@@ -108,3 +108,38 @@ def test_config_keys_reach_the_run() -> None:
     assert kwargs["storage_format"] == "bin" and kwargs["domain_key"] == "source"
     with pytest.raises(EtlError, match="applies to input.type text only"):
         config_from_dict({"preprocessing": {"min_chars": 5}})
+
+
+@pytest.mark.parametrize(
+    "config, records, written",
+    [
+        ("seed004_sft_chat.json", [chat(("user", "q"), ("assistant", "a")) | {"source": "wiki"},
+                                   chat(("user", "q2"), ("assistant", "a2")) | {"source": "code"}], 2),
+        ("seed004_instruction.json", [{"instruction": "Say hi.", "output": "hi"}], 1),
+        ("seed004_pretraining.json", [{"content": "x" * 60}, {"content": "too short"}], 1),
+    ],
+)
+def test_seed004_quick_start_configs_run_unchanged(tmp_path: Path, config: str, records: list[dict[str, object]], written: int) -> None:
+    from etl.storage import read_bin
+
+    src = write(tmp_path / "raw.jsonl", records)
+    out = tmp_path / "out"
+    assert main(["run", str(src), str(out), "--config", str(CONFIGS / config), "--quiet"]) == 0
+    manifest = read_manifest(out)
+    assert manifest["counts"]["written"] == written
+    data = pq.read_table(out / "data" / "train").to_pylist()
+    for domain in {row["domain"] for row in data}:
+        seq, mask, offsets = read_bin(out / domain)
+        rows = [row for row in data if row["domain"] == domain]
+        assert seq.tolist() == [t for row in rows for t in row["input_ids"]]
+        assert mask.tolist() == [int(m) for row in rows for m in row["loss_mask"]]
+        assert len(offsets) == len(rows) + 1
+
+
+def test_pretraining_trains_every_token_without_a_template(tmp_path: Path) -> None:
+    src = write(tmp_path / "raw.jsonl", [{"content": "y" * 60}])
+    out = tmp_path / "out"
+    assert main(["run", str(src), str(out), "--config", str(CONFIGS / "seed004_pretraining.json"), "--quiet"]) == 0
+    row = pq.read_table(out / "data" / "train").to_pylist()[0]
+    assert row["input_ids"] == [ord("y")] * 60 and all(row["loss_mask"])
+    assert read_manifest(out)["counts"]["dropped"] == {}
