@@ -51,7 +51,10 @@ def read_example(
         for group in range(meta.num_row_groups):
             n = meta.metadata.row_group(group).num_rows
             if row is not None and offset <= row < offset + n:
-                return {**meta.read_row_group(group).slice(row - offset, 1).to_pylist()[0], "row": row}
+                return {
+                    **meta.read_row_group(group).slice(row - offset, 1).to_pylist()[0],
+                    "row": row,
+                }
             if example_id is not None:
                 ids = meta.read_row_group(group, columns=[C.ID]).column(C.ID).to_pylist()
                 if example_id in ids:
@@ -60,10 +63,14 @@ def read_example(
                     return {**found, "row": offset + index}
             offset += n
     if example_id is not None:
-        raise EtlError(f"no example with id {example_id!r} in split {split!r}; check --split, "
-                       "or pick an example by position with --row N")
-    raise EtlError(f"row {row} is out of range: split {split!r} has {offset} rows "
-                   f"(use --row 0..{max(offset - 1, 0)})")
+        raise EtlError(
+            f"no example with id {example_id!r} in split {split!r}; check --split, "
+            "or pick an example by position with --row N"
+        )
+    raise EtlError(
+        f"row {row} is out of range: split {split!r} has {offset} rows "
+        f"(use --row 0..{max(offset - 1, 0)})"
+    )
 
 
 def read_turns(dst: str | os.PathLike[str], *, split: str, example_id: str) -> list[dict[str, Any]]:
@@ -96,23 +103,33 @@ def token_strings(manifest: dict[str, Any], ids: Sequence[int]) -> list[str]:
 def describe(example: dict[str, Any], turns: Sequence[dict[str, Any]]) -> list[str]:
     """Header lines: where the example comes from and its counts."""
     dropped = [t for t in turns if not t[C.KEPT]]
-    origin = (f"row {example['row']} of {example[C.SPLIT]} · id {example[C.ID]} · "
-              f"{example[C.SOURCE_FILE]}:{example[C.SOURCE_LINE]} · domain {example[C.DOMAIN]}")
-    counts = (f"tokens {example[C.NUM_TOKENS]} · trained {example[C.NUM_TRAINED]} · turns "
-              f"{example[C.NUM_TURNS]} ({len(turns) - len(dropped)} kept, {len(dropped)} dropped)"
-              f" · truncated {'yes' if example[C.TRUNCATED] else 'no'}")
+    origin = (
+        f"row {example['row']} of {example[C.SPLIT]} · id {example[C.ID]} · "
+        f"{example[C.SOURCE_FILE]}:{example[C.SOURCE_LINE]} · domain {example[C.DOMAIN]}"
+    )
+    counts = (
+        f"tokens {example[C.NUM_TOKENS]} · trained {example[C.NUM_TRAINED]} · turns "
+        f"{example[C.NUM_TURNS]} ({len(turns) - len(dropped)} kept, {len(dropped)} dropped)"
+        f" · truncated {'yes' if example[C.TRUNCATED] else 'no'}"
+    )
     lines = [origin, counts]
     if dropped:
-        lines.append("dropped turns: " + ", ".join(
-            f"{t[C.TURN_INDEX]} ({t[C.ROLE]}, {t[C.NUM_TOKENS]} tokens)" for t in dropped))
+        lines.append(
+            "dropped turns: "
+            + ", ".join(
+                f"{t[C.TURN_INDEX]} ({t[C.ROLE]}, {t[C.NUM_TOKENS]} tokens)" for t in dropped
+            )
+        )
     return lines
 
 
 def turn_marker(turn: dict[str, Any]) -> str:
     """The line printed where a kept turn starts."""
     state = "trained" if turn[C.TRAINED] else "not trained"
-    return (f"── turn {turn[C.TURN_INDEX]} · {turn[C.ROLE]} · tokens "
-            f"[{turn[C.START]}, {turn[C.END]}) · {state} ──")
+    return (
+        f"── turn {turn[C.TURN_INDEX]} · {turn[C.ROLE]} · tokens "
+        f"[{turn[C.START]}, {turn[C.END]}) · {state} ──"
+    )
 
 
 def render_plain(
@@ -166,9 +183,14 @@ def render_rich(
     from rich.text import Text
 
     header = Text("\n".join(describe(example, turns)), style="bold")
-    legend = Text.assemble(("legend: ", "dim"), ("trained", _style(True, 0, special=False)), " ",
-                           ("not trained", _style(False, 0, special=False)), " ",
-                           ("special", _style(False, 0, special=True)))
+    legend = Text.assemble(
+        ("legend: ", "dim"),
+        ("trained", _style(True, 0, special=False)),
+        " ",
+        ("not trained", _style(False, 0, special=False)),
+        " ",
+        ("special", _style(False, 0, special=True)),
+    )
     body = Text()
     starts = _turn_starts(turns)
     for pos, (tid, piece) in enumerate(zip(example[C.INPUT_IDS], strings)):
@@ -191,11 +213,19 @@ def _join_utf8(ids: Sequence[int], strings: list[str]) -> list[str]:
     while pos < len(ids):
         lead = ids[pos]
         # Lead bytes 0xC2..0xF4 announce 1..3 continuation bytes (0x80..0xBF).
-        size = 2 if 0xC2 <= lead <= 0xDF else 3 if 0xE0 <= lead <= 0xEF else 4 if 0xF0 <= lead <= 0xF4 else 1
-        chunk = list(ids[pos:pos + size])
+        size = (
+            2
+            if 0xC2 <= lead <= 0xDF
+            else 3
+            if 0xE0 <= lead <= 0xEF
+            else 4
+            if 0xF0 <= lead <= 0xF4
+            else 1
+        )
+        chunk = list(ids[pos : pos + size])
         if size > 1 and len(chunk) == size and all(0x80 <= b <= 0xBF for b in chunk[1:]):
             try:
-                out[pos:pos + size] = [bytes(chunk).decode("utf-8")] + [""] * (size - 1)
+                out[pos : pos + size] = [bytes(chunk).decode("utf-8")] + [""] * (size - 1)
             except UnicodeDecodeError:  # overlong or surrogate forms: keep the bytes as they are
                 size = 1
         else:
@@ -226,6 +256,8 @@ def _split_files(dst: str | os.PathLike[str], folder: str, split: str) -> list[s
     files = sorted(str(p) for p in (root / split).glob("*.parquet"))
     if not files:
         splits = sorted(p.name for p in root.glob("*") if p.is_dir())
-        raise EtlError(f"split {split!r} has no Parquet files under {root}; "
-                       f"choose --split from: {', '.join(splits) or '(none: nothing was written)'}")
+        raise EtlError(
+            f"split {split!r} has no Parquet files under {root}; "
+            f"choose --split from: {', '.join(splits) or '(none: nothing was written)'}"
+        )
     return files

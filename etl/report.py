@@ -20,8 +20,18 @@ from etl.manifest import read_manifest
 from etl.stats import run_queries
 
 # Tables shown under the plots, with the first rows of the row listings only (they can be long).
-TABLES = ("lengths", "trained_share", "roles", "domains", "drops", "rejects", "packing",
-          "consistency", "zero_trained", "untrained_eot")
+TABLES = (
+    "lengths",
+    "trained_share",
+    "roles",
+    "domains",
+    "drops",
+    "rejects",
+    "packing",
+    "consistency",
+    "zero_trained",
+    "untrained_eot",
+)
 LISTING_ROWS = 20
 COLORS = ("#3b75af", "#ef8636", "#519e3e", "#c53a32", "#8d69b8", "#84584e")
 
@@ -47,10 +57,14 @@ dl { display: grid; grid-template-columns: max-content auto; gap: 2px 1em; } dt 
 </div>
 {% for t in tables %}<h2 id="{{ t.name }}">{{ t.name }}</h2>
 <p class="note">{{ t.note }}</p>
-{% if t.rows %}<table><tr>{% for c, s in t.columns %}<th class="{{ s }}">{{ c }}</th>{% endfor %}</tr>
-{% for r in t.rows %}<tr>{% for v, (c, s) in zip(r, t.columns) %}<td class="{{ s }}">{{ v }}</td>{% endfor %}</tr>
+{% if t.rows %}<table>
+<tr>{% for c, s in t.columns %}<th class="{{ s }}">{{ c }}</th>{% endfor %}</tr>
+{% for r in t.rows %}<tr>
+{%- for v, (c, s) in zip(r, t.columns) %}<td class="{{ s }}">{{ v }}</td>{% endfor -%}
+</tr>
 {% endfor %}</table>{% else %}<p class="note">(no rows)</p>{% endif %}
-{% if t.more %}<p class="note">… {{ t.more }} more rows: etl stats DST --query {{ t.name }} --format csv</p>{% endif %}
+{% if t.more %}<p class="note">… {{ t.more }} more rows:
+etl stats DST --query {{ t.name }} --format csv</p>{% endif %}
 {% endfor %}
 </body></html>
 """
@@ -63,11 +77,11 @@ NOTES = {
     "drops": "Manifest counts against what the Parquet shows; accounting_gap must be 0.",
     "rejects": "Input rows that could not be used, with the first one per reason.",
     "packing": "Sequences of seq_len needed padded (one example each) versus packed; "
-               "packed_lower_bound is a bound, first-fit-decreasing lands at or slightly above.",
+    "packed_lower_bound is a bound, first-fit-decreasing lands at or slightly above.",
     "consistency": "Rules of the output layout; each count should be 0 (first_id: one to inspect).",
     "zero_trained": "Examples with no trained token (etl run drops these: expected empty).",
     "untrained_eot": "Trained assistant turns whose end-of-turn token carries no loss "
-                     "(expected when end-of-turn training is none/last).",
+    "(expected when end-of-turn training is none/last).",
 }
 
 
@@ -86,16 +100,32 @@ def build_report(dst: str | os.PathLike[str], *, title: str | None = None) -> st
     manifest = read_manifest(dst)
     results = run_queries(dst)
     plots = [
-        _plot("Example lengths", "Examples per length bin, per split; dashed: seq_len.",
-              _draw_lengths, results["length_histogram"], manifest.get("seq_len")),
-        _plot("Tokens by role (trained share)",
-              "Kept tokens per role, trained or not, and tokens of dropped turns.",
-              _draw_roles, results["roles"]),
-        _plot("Turns per example", "Turns per conversation (dropped ones included), per split; "
-              "hatched: examples that lost turns to truncation.",
-              _draw_turns, results["turns_per_example"]),
-        _plot("Where examples went", "Manifest counts: written, truncated, dropped and rejected.",
-              _draw_drops, results["drops"]),
+        _plot(
+            "Example lengths",
+            "Examples per length bin, per split; dashed: seq_len.",
+            _draw_lengths,
+            results["length_histogram"],
+            manifest.get("seq_len"),
+        ),
+        _plot(
+            "Tokens by role (trained share)",
+            "Kept tokens per role, trained or not, and tokens of dropped turns.",
+            _draw_roles,
+            results["roles"],
+        ),
+        _plot(
+            "Turns per example",
+            "Turns per conversation (dropped ones included), per split; "
+            "hatched: examples that lost turns to truncation.",
+            _draw_turns,
+            results["turns_per_example"],
+        ),
+        _plot(
+            "Where examples went",
+            "Manifest counts: written, truncated, dropped and rejected.",
+            _draw_drops,
+            results["drops"],
+        ),
     ]
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     return env.from_string(PAGE).render(
@@ -111,7 +141,9 @@ def write_report(dst: str | os.PathLike[str], out: str | os.PathLike[str]) -> Pa
     """Render the report of `dst` and write it to `out` (folders created as needed)."""
     path = Path(out)
     if path.is_dir():
-        raise EtlError(f"{out} is a folder: give the report a file name, e.g. {path / 'report.html'}")
+        raise EtlError(
+            f"{out} is a folder: give the report a file name, e.g. {path / 'report.html'}"
+        )
     html = build_report(dst)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html, encoding="utf-8")
@@ -140,15 +172,22 @@ def _table(name: str, table: pa.Table) -> dict[str, Any]:
         for f in table.schema
     ]
     rows = [[_cell(v) for v in row.values()] for row in shown.to_pylist()]
-    return {"name": name, "note": NOTES.get(name, ""), "columns": columns, "rows": rows,
-            "more": table.num_rows - shown.num_rows}
+    return {
+        "name": name,
+        "note": NOTES.get(name, ""),
+        "columns": columns,
+        "rows": rows,
+        "more": table.num_rows - shown.num_rows,
+    }
 
 
 def _cell(value: Any) -> Any:
     if value is None:
         return ""
     if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"  # 13,674 reads at a glance; exact figures are in `etl stats --format csv`
+        return (
+            f"{value:,}"  # 13,674 reads at a glance; exact figures are in `etl stats --format csv`
+        )
     return value
 
 
@@ -172,8 +211,15 @@ def _draw_lengths(ax: Any, hist: pa.Table, seq_len: int | None) -> None:
         idx = [k for k, s in enumerate(rows["split"]) if s == split]
         starts = [rows["bin_start"][k] for k in idx]
         width = rows["bin_end"][idx[0]] - starts[0]
-        ax.bar(starts, [rows["examples"][k] for k in idx], width=width, align="edge",
-               alpha=0.6, color=COLORS[i % len(COLORS)], label=split)
+        ax.bar(
+            starts,
+            [rows["examples"][k] for k in idx],
+            width=width,
+            align="edge",
+            alpha=0.6,
+            color=COLORS[i % len(COLORS)],
+            label=split,
+        )
     if seq_len and hist.num_rows:
         ax.axvline(seq_len, color="#444", linestyle="--", linewidth=1)
     ax.set_xlabel("tokens per example")
@@ -190,8 +236,13 @@ def _draw_roles(ax: Any, roles: pa.Table) -> None:
     untrained = [k - t for k, t in zip(r["kept_tokens"], trained)]
     ax.bar(r["role"], trained, color=COLORS[2], label="trained")
     ax.bar(r["role"], untrained, bottom=trained, color=COLORS[0], label="kept, not trained")
-    ax.bar(r["role"], r["dropped_tokens"], bottom=r["kept_tokens"], color=COLORS[3],
-           label="dropped turns")
+    ax.bar(
+        r["role"],
+        r["dropped_tokens"],
+        bottom=r["kept_tokens"],
+        color=COLORS[3],
+        label="dropped turns",
+    )
     tops = [k + d for k, d in zip(r["kept_tokens"], r["dropped_tokens"])]
     for x, (share, top) in enumerate(zip(r["trained_share"], tops)):
         if share:  # the figure people look for: what fraction of each role carries loss
@@ -212,8 +263,16 @@ def _draw_turns(ax: Any, turns: pa.Table) -> None:
         whole = [r["examples"][k] - n for k, n in zip(idx, lost)]
         color = COLORS[i % len(COLORS)]
         ax.bar(xs, whole, width=width, color=color, label=split)
-        ax.bar(xs, lost, bottom=whole, width=width, color=color, alpha=0.5, hatch="//",
-               label=f"{split}: lost turns")
+        ax.bar(
+            xs,
+            lost,
+            bottom=whole,
+            width=width,
+            color=color,
+            alpha=0.5,
+            hatch="//",
+            label=f"{split}: lost turns",
+        )
     ax.set_xlabel("turns per conversation")
     ax.set_ylabel("examples")
     if splits:
@@ -223,8 +282,12 @@ def _draw_turns(ax: Any, turns: pa.Table) -> None:
 def _draw_drops(ax: Any, drops: pa.Table) -> None:
     r = drops.to_pydict()
     labels, values, colors = [], [], []
-    palette = {"written": COLORS[2], "truncated": COLORS[1], "dropped": COLORS[3],
-               "rejected": COLORS[4]}
+    palette = {
+        "written": COLORS[2],
+        "truncated": COLORS[1],
+        "dropped": COLORS[3],
+        "rejected": COLORS[4],
+    }
     for stage, reason, n in zip(r["stage"], r["reason"], r["manifest"]):
         if stage in palette and n is not None:
             labels.append(f"{stage}: {reason}" if reason else stage)

@@ -6,7 +6,8 @@ with examples as (
         split,
         num_tokens,
         num_trained,
-        coalesce(list_sum(list_transform(loss_mask, lambda m: m::integer)), 0)::bigint as mask_trained
+        coalesce(list_sum(list_transform(loss_mask, lambda m: m::integer)), 0)::bigint
+            as mask_trained
     from read_parquet($data)
 ),
 

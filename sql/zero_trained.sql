@@ -10,7 +10,8 @@ with examples as (
         domain,
         num_tokens,
         num_trained,
-        coalesce(list_sum(list_transform(loss_mask, lambda m: m::integer)), 0)::bigint as mask_trained,
+        coalesce(list_sum(list_transform(loss_mask, lambda m: m::integer)), 0)::bigint
+            as mask_trained,
         num_turns,
         truncated
     from read_parquet($data)

@@ -1,4 +1,4 @@
-"""`etl inspect DST --row N`: one example token by token, trained tokens highlighted, turns marked."""
+"""`etl inspect DST --row N`: one example token by token, trained tokens highlighted."""
 
 from __future__ import annotations
 
@@ -28,11 +28,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--id", dest="example_id", metavar="ID", help="the example's id")
     parser.add_argument("--split", default="train", help="split to read (default: train)")
     style = parser.add_mutually_exclusive_group()
-    style.add_argument("--plain", action="store_true",
-                       help="plain text, trained runs in [[...]] (default when piped)")
+    style.add_argument(
+        "--plain",
+        action="store_true",
+        help="plain text, trained runs in [[...]] (default when piped)",
+    )
     style.add_argument("--color", action="store_true", help="rich styles even when piped")
-    parser.add_argument("--token-sep", default="", metavar="STR",
-                        help="plain mode: string written between tokens, e.g. '|'")
+    parser.add_argument(
+        "--token-sep",
+        default="",
+        metavar="STR",
+        help="plain mode: string written between tokens, e.g. '|'",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,8 +19,13 @@ example:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `etl report`."""
     parser.add_argument("dst", metavar="DST", help="output folder of `etl run`")
-    parser.add_argument("-o", "--output", default="report.html", metavar="FILE",
-                        help="HTML file to write (default: report.html)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        default="report.html",
+        metavar="FILE",
+        help="HTML file to write (default: report.html)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,18 +28,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `etl stats`."""
     parser.add_argument("dst", metavar="DST", help="output folder of `etl run`")
     parser.add_argument(
-        "--query", action="append", metavar="NAME",
+        "--query",
+        action="append",
+        metavar="NAME",
         help="run only this query (repeatable); default: all. `--query list` prints the names",
     )
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format")
     parser.add_argument(
-        "--seq-len", action="append", type=int, metavar="N",
+        "--seq-len",
+        action="append",
+        type=int,
+        metavar="N",
         help="sequence length(s) of the packing estimate (repeatable); default: the run's S",
     )
-    parser.add_argument("--bin-width", type=int, metavar="N",
-                        help="tokens per length-histogram bin; default: ceil(S / 32)")
-    parser.add_argument("--limit", type=int, default=100, metavar="N",
-                        help="rows shown per table in the table format (0: all); default 100")
+    parser.add_argument(
+        "--bin-width",
+        type=int,
+        metavar="N",
+        help="tokens per length-histogram bin; default: ceil(S / 32)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=100,
+        metavar="N",
+        help="rows shown per table in the table format (0: all); default 100",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,4 +36,6 @@ def by_split(rows: list[dict], key: str) -> dict[str, np.ndarray]:
 
 
 def keyed(result: pa.Table, *keys: str) -> dict:
-    return {tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]: r for r in result.to_pylist()}
+    return {
+        tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]: r for r in result.to_pylist()
+    }

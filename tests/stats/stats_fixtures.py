@@ -60,39 +60,71 @@ def _serialize(example: Example) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         sep = SEP if turn.sep else []
         pieces = [HEADER[turn.role], *content, EOT, *sep]
         if not turn.kept:
-            turn_rows.append({"turn_index": index, "role": turn.role, "start": -1, "end": -1,
-                                  "num_tokens": len(pieces), "trained": trained, "kept": False})
+            turn_rows.append(
+                {
+                    "turn_index": index,
+                    "role": turn.role,
+                    "start": -1,
+                    "end": -1,
+                    "num_tokens": len(pieces),
+                    "trained": trained,
+                    "kept": False,
+                }
+            )
             continue
         start = len(ids)
         ids += pieces
-        mask += [trained and turn.header_trained, *[trained] * len(content),
-                 trained and turn.eot_trained, *[False] * len(sep)]
-        turn_rows.append({"turn_index": index, "role": turn.role, "start": start, "end": len(ids),
-                              "num_tokens": len(pieces), "trained": trained, "kept": True})
+        mask += [
+            trained and turn.header_trained,
+            *[trained] * len(content),
+            trained and turn.eot_trained,
+            *[False] * len(sep),
+        ]
+        turn_rows.append(
+            {
+                "turn_index": index,
+                "role": turn.role,
+                "start": start,
+                "end": len(ids),
+                "num_tokens": len(pieces),
+                "trained": trained,
+                "kept": True,
+            }
+        )
     row = {
-        "id": example.id, "source_file": f"raw/{example.domain}.jsonl", "source_line": example.source_line,
-        "domain": example.domain, "split": example.split, "input_ids": ids, "loss_mask": mask,
-        "num_tokens": len(ids), "num_trained": sum(mask),
+        "id": example.id,
+        "source_file": f"raw/{example.domain}.jsonl",
+        "source_line": example.source_line,
+        "domain": example.domain,
+        "split": example.split,
+        "input_ids": ids,
+        "loss_mask": mask,
+        "num_tokens": len(ids),
+        "num_trained": sum(mask),
         "num_turns": len(example.turns),  # every turn, dropped ones included (as etl run writes)
-        "num_turns_dropped": sum(not t.kept for t in example.turns), "truncated": example.truncated,
+        "num_turns_dropped": sum(not t.kept for t in example.turns),
+        "truncated": example.truncated,
     }
     return row, [dict(id=example.id, **t) for t in turn_rows]
 
 
+# fmt: off
 SYS = Turn("system", "you are a helpful assistant.")
 
 EXAMPLES = [
-    Example("ex-math-1", "train", "math", [SYS, Turn("user", "what is 2+2?"), Turn("assistant", "4.")]),
+    Example("ex-math-1", "train", "math",
+            [SYS, Turn("user", "what is 2+2?"), Turn("assistant", "4.")]),
     Example("ex-code-1", "train", "code", [
         Turn("system", "be terse."), Turn("user", "print hi"), Turn("assistant", "print('hi')"),
         Turn("user", "and bye?"), Turn("assistant", "print('bye')", header_trained=True)],
         source_line=1),
     Example("ex-math-2", "train", "math", [
-        SYS, Turn("user", "an old question", kept=False), Turn("assistant", "an old answer", kept=False),
+        SYS, Turn("user", "an old question", kept=False),
+        Turn("assistant", "an old answer", kept=False),
         Turn("user", "new q"), Turn("assistant", "new a")], source_line=2, truncated=True),
     Example("ex-chat-1", "train", "__default__", [
-        SYS, Turn("user", "hello"), Turn("assistant", "hi there! how can i help you today?",
-                                             eot_trained=False)], part=1),
+        SYS, Turn("user", "hello"),
+        Turn("assistant", "hi there! how can i help you today?", eot_trained=False)], part=1),
     Example("ex-code-2", "train", "code", [
         SYS, Turn("user", "only the user speaks"), Turn("assistant", "not trained", trained=False)],
         part=1, source_line=3),
@@ -100,21 +132,22 @@ EXAMPLES = [
         SYS, Turn("user", "tell me a long story about parquet files and duckdb"),
         Turn("assistant", "once upon a time a column met a row group and they compressed happily")],
         part=1, source_line=4),
-    Example("ex-math-3", "val", "math", [SYS, Turn("user", "1+1"), Turn("assistant", "2", sep=False)]),
+    Example("ex-math-3", "val", "math",
+            [SYS, Turn("user", "1+1"), Turn("assistant", "2", sep=False)]),
     Example("ex-code-3", "val", "code", [
         SYS, Turn("user", "unicode?"), Turn("assistant", "ünï", trained=False),
         Turn("user", "again"), Turn("assistant", "cödé ✓")], source_line=5),
 ]
 
-REJECTS = [
-    {"source_file": "raw/math.jsonl", "source_line": 7, "reason": "invalid_json", "detail": "line 1: bad", "raw": "{"},
-    {"source_file": "raw/code.jsonl", "source_line": 9, "reason": "invalid_json", "detail": "line 1: eof", "raw": "[1"},
-    {"source_file": "raw/code.jsonl", "source_line": 2, "reason": "missing_messages", "detail": "no messages",
-         "raw": "{}"},
+REJECT_COLUMNS = ("source_file", "source_line", "reason", "detail", "raw")
+REJECTS = [dict(zip(REJECT_COLUMNS, row)) for row in [
+    ("raw/math.jsonl", 7, "invalid_json", "line 1: bad", "{"),
+    ("raw/code.jsonl", 9, "invalid_json", "line 1: eof", "[1"),
+    ("raw/code.jsonl", 2, "missing_messages", "no messages", "{}"),
     # In the file but not in the manifest counts (and the manifest's bad_role has no row): the
     # drops query must show both sides of such a mismatch.
-    {"source_file": "raw/math.jsonl", "source_line": 11, "reason": "encoding", "detail": "not utf-8", "raw": "?"},
-]
+    ("raw/math.jsonl", 11, "encoding", "not utf-8", "?"),
+]]
 
 COUNTS = {
     "read": 15, "written": 8, "truncated": 1,
@@ -132,29 +165,40 @@ TURNS_SCHEMA = pa.schema([
     ("id", pa.string()), ("turn_index", pa.int32()), ("role", pa.string()), ("start", pa.int32()),
     ("end", pa.int32()), ("num_tokens", pa.int32()), ("trained", pa.bool_()), ("kept", pa.bool_()),
 ])
+# fmt: on
 
 
 def manifest(counts: dict[str, Any]) -> dict[str, Any]:
     roles = {r: {"header_ids": [h], "end_ids": [EOT], "sep_ids": SEP} for r, h in HEADER.items()}
     return {
-        "seq_len": SEQ_LEN, "pad_id": EOT, "eot_id": EOT,
+        "seq_len": SEQ_LEN,
+        "pad_id": EOT,
+        "eot_id": EOT,
         "tokenizer": {"name": "bytes", "path": None, "sha256": None, "vocab_size": 260},
         "template": {"name": "fixture", "roles": roles},
-        "special_ids": SPECIAL, "counts": counts, "splits": {"train": 6, "val": 2},
+        "special_ids": SPECIAL,
+        "counts": counts,
+        "splits": {"train": 6, "val": 2},
     }
 
 
-def write_dst(root: Path, examples: list[Example], *, counts: dict[str, Any],
-              rejects: list[dict[str, Any]] | None) -> Path:
+def write_dst(
+    root: Path,
+    examples: list[Example],
+    *,
+    counts: dict[str, Any],
+    rejects: list[dict[str, Any]] | None,
+) -> Path:
     """Write examples in the DESIGN §4 layout (one part file per (split, part))."""
     groups: dict[tuple[str, int], list[Example]] = {}
     for ex in examples:
         groups.setdefault((ex.split, ex.part), []).append(ex)
     for (split, part), group in sorted(groups.items()):
         rows, turns = zip(*(_serialize(ex) for ex in group))
-        for folder, table in (("data", pa.Table.from_pylist(list(rows), DATA_SCHEMA)),
-                              ("turns", pa.Table.from_pylist([t for ts in turns for t in ts],
-                                                              TURNS_SCHEMA))):
+        for folder, table in (
+            ("data", pa.Table.from_pylist(list(rows), DATA_SCHEMA)),
+            ("turns", pa.Table.from_pylist([t for ts in turns for t in ts], TURNS_SCHEMA)),
+        ):
             (root / folder / split).mkdir(parents=True, exist_ok=True)
             pq.write_table(table, root / folder / split / f"part-{part:05d}.parquet")
     if rejects is not None:
@@ -168,14 +212,36 @@ def write_dst(root: Path, examples: list[Example], *, counts: dict[str, Any],
 def etl_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run `python -m etl ARGS` in a subprocess (what a user's shell does)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "etl", *args], capture_output=True, text=True, check=False,
-                          env=full_env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "etl", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=full_env,
+        timeout=120,
+    )
 
 
 def write_raw_chats(path: Path, *, n: int = 60, seed: int = 0) -> Path:
     """Raw JSONL for `etl run`: n chats of 1-4 exchanges, then one bad line and one empty chat."""
     rng = random.Random(seed)
-    words = ["the", "a", "data", "token", "parquet", "column", "row", "model", "loss", "mask", "turn", "why", "how", "long", "short"]
+    words = [
+        "the",
+        "a",
+        "data",
+        "token",
+        "parquet",
+        "column",
+        "row",
+        "model",
+        "loss",
+        "mask",
+        "turn",
+        "why",
+        "how",
+        "long",
+        "short",
+    ]
 
     def text(k: int) -> str:
         return " ".join(rng.choice(words) for _ in range(k))

@@ -13,7 +13,10 @@ from etl.manifest import read_manifest
 from tests.stats.stats_fixtures import EXAMPLES, SPECIAL
 
 BY_ID = {v: k for k, v in SPECIAL.items()}
-MARKER = re.compile(r"^── turn (\d+) · (\w+) · tokens \[(\d+), (\d+)\) · (trained|not trained) ──$", re.MULTILINE)
+MARKER = re.compile(
+    r"^── turn (\d+) · (\w+) · tokens \[(\d+), (\d+)\) · (trained|not trained) ──$",
+    re.MULTILINE,
+)
 
 
 def expected_text(ids: list[int]) -> str:
@@ -59,10 +62,14 @@ def test_plain_view_matches_mask_and_turns(dst: Path, split: str, row: int) -> N
     assert f"id {example['id']}" in header and f"trained {sum(example['loss_mask'])}" in header
     assert re.findall(r"\[\[(.*?)\]\]", body, re.DOTALL) == trained_runs(example, turns, strings)
     kept = [t for t in turns if t["kept"]]
-    assert [(int(i), role, int(s), int(e), state == "trained") for i, role, s, e, state in MARKER.findall(body)] \
-        == [(t["turn_index"], t["role"], t["start"], t["end"], t["trained"]) for t in kept]
+    assert [
+        (int(i), role, int(s), int(e), state == "trained")
+        for i, role, s, e, state in MARKER.findall(body)
+    ] == [(t["turn_index"], t["role"], t["start"], t["end"], t["trained"]) for t in kept]
     # Remove markers and brackets: what is left is every token, in order.
-    bare = MARKER.sub("", body).replace("[[", "").replace("]]", "").replace("\n\n", "\n").strip("\n")
+    bare = (
+        MARKER.sub("", body).replace("[[", "").replace("]]", "").replace("\n\n", "\n").strip("\n")
+    )
     assert bare == "".join(map(shown, strings)).strip("\n")
     dropped = [t for t in turns if not t["kept"]]
     assert ("dropped turns:" in header) == bool(dropped)
@@ -78,7 +85,9 @@ def test_rows_are_counted_across_part_files(dst: Path) -> None:
 def test_token_separator_shows_boundaries(dst: Path) -> None:
     example = read_example(dst, split="val", row=0)
     turns = read_turns(dst, split="val", example_id=example["id"])
-    text = render_plain(example, turns, token_strings(read_manifest(dst), example["input_ids"]), token_sep="|")
+    text = render_plain(
+        example, turns, token_strings(read_manifest(dst), example["input_ids"]), token_sep="|"
+    )
     assert "<|asst|>[[2|<|eot|>]]" in text
     assert "<|usr|>|1|+|1|<|eot|>|\n" in text
 
@@ -97,7 +106,9 @@ def test_rich_view_styles_exactly_the_trained_tokens(dst: Path) -> None:
 
 
 def test_errors_say_what_to_do(dst: Path) -> None:
-    with pytest.raises(EtlError, match=r"row 6 is out of range: split 'train' has 6 rows \(use --row 0..5\)"):
+    with pytest.raises(
+        EtlError, match=r"row 6 is out of range: split 'train' has 6 rows \(use --row 0..5\)"
+    ):
         read_example(dst, split="train", row=6)
     with pytest.raises(EtlError, match="choose --split from: train, val"):
         read_example(dst, split="test", row=0)
@@ -110,4 +121,4 @@ def test_multibyte_characters_show_whole(dst: Path) -> None:
     turns = read_turns(dst, split="val", example_id=example["id"])
     strings = token_strings(read_manifest(dst), example["input_ids"])
     assert "<|asst|>[[cödé ✓<|eot|>]]" in render_plain(example, turns, strings)
-    assert strings[strings.index("✓"):][:3] == ["✓", "", ""]  # 3 bytes, one character
+    assert strings[strings.index("✓") :][:3] == ["✓", "", ""]  # 3 bytes, one character

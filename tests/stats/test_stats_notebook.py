@@ -22,8 +22,9 @@ def execute(dst: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=120, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
 
 
@@ -33,7 +34,9 @@ def text_of(outputs: list[dict]) -> str:
     return "\n".join(parts)
 
 
-def test_notebook_runs_on_the_fixture(dst: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notebook_runs_on_the_fixture(
+    dst: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import matplotlib.image as mpimg
 
     outputs = execute(dst, tmp_path, monkeypatch)

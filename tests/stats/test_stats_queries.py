@@ -35,7 +35,12 @@ def test_lengths(any_dst: Path) -> None:
     assert set(got) == set(lengths) and "(all)" in got
     for split, n in lengths.items():
         row = got[split]
-        assert (row["examples"], row["tokens"], row["min"], row["max"]) == (len(n), n.sum(), n.min(), n.max())
+        assert (row["examples"], row["tokens"], row["min"], row["max"]) == (
+            len(n),
+            n.sum(),
+            n.min(),
+            n.max(),
+        )
         for q in (10, 50, 90, 95, 99):
             assert row[f"p{q}"] == np.percentile(n, q, method="inverted_cdf"), (split, q)
         assert row["mean"] == pytest.approx(n.mean(), abs=0.005)
@@ -83,11 +88,20 @@ def test_turns_per_example(any_dst: Path) -> None:
     expected = Counter((r["split"], r["num_turns"]) for r in rows)
     with_dropped = Counter((r["split"], r["num_turns"]) for r in rows if r["num_turns_dropped"])
     assert {k: v["examples"] for k, v in got.items()} == dict(expected)
-    assert {k: v["examples_with_dropped_turns"] for k, v in got.items() if v["examples_with_dropped_turns"]} \
-        == dict(with_dropped)
-    assert sum(v["turns_dropped"] for v in got.values()) == sum(r["num_turns_dropped"] for r in rows)
+    assert {
+        k: v["examples_with_dropped_turns"]
+        for k, v in got.items()
+        if v["examples_with_dropped_turns"]
+    } == dict(with_dropped)
+    assert sum(v["turns_dropped"] for v in got.values()) == sum(
+        r["num_turns_dropped"] for r in rows
+    )
     for key, row in got.items():
-        kept = [r["num_turns"] - r["num_turns_dropped"] for r in rows if (r["split"], r["num_turns"]) == key]
+        kept = [
+            r["num_turns"] - r["num_turns_dropped"]
+            for r in rows
+            if (r["split"], r["num_turns"]) == key
+        ]
         assert row["mean_kept_turns"] == pytest.approx(np.mean(kept), abs=0.005)
 
 
@@ -103,14 +117,21 @@ def test_roles(any_dst: Path) -> None:
             e["kept_turns"] += 1
             e["trained_turns"] += t["trained"]
             e["kept_tokens"] += t["end"] - t["start"]
-            e["trained_tokens"] += sum(masks[t["id"]][t["start"]:t["end"]])
+            e["trained_tokens"] += sum(masks[t["id"]][t["start"] : t["end"]])
         else:
             e["dropped_turns"] += 1
             e["dropped_tokens"] += t["num_tokens"]
     assert set(got) == set(expected) and {"system", "user", "assistant"} <= set(got)
     for role, e in expected.items():
-        for column in ("turns", "kept_turns", "dropped_turns", "trained_turns", "kept_tokens",
-                       "dropped_tokens", "trained_tokens"):
+        for column in (
+            "turns",
+            "kept_turns",
+            "dropped_turns",
+            "trained_turns",
+            "kept_tokens",
+            "dropped_tokens",
+            "trained_tokens",
+        ):
             assert got[role][column] == e[column], (role, column)
     # Both outputs train assistant turns only: every trained token lies in one.
     assert got["assistant"]["trained_tokens"] == sum(r["t"] for r in examples(dst))
@@ -166,18 +187,25 @@ def test_packing(any_dst: Path) -> None:
 
 @settings(max_examples=30, deadline=None)
 @given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=40), size=st.integers(8, 256))
-def test_packing_matches_numpy_on_random_lengths(tmp_path_factory: pytest.TempPathFactory,
-                                                 lengths: list[int], size: int) -> None:
+def test_packing_matches_numpy_on_random_lengths(
+    tmp_path_factory: pytest.TempPathFactory, lengths: list[int], size: int
+) -> None:
     import duckdb
     import pyarrow.parquet as pq
 
     path = tmp_path_factory.mktemp("packing") / "part-00000.parquet"
-    pq.write_table(pa.table({"split": ["train"] * len(lengths), "num_tokens": pa.array(lengths, pa.int32())}), path)
+    pq.write_table(
+        pa.table({"split": ["train"] * len(lengths), "num_tokens": pa.array(lengths, pa.int32())}),
+        path,
+    )
     params = {"data": [str(path)], "seq_lens": [size]}
     row = duckdb.connect().sql(load_query("packing"), params=params).to_arrow_table().to_pylist()[0]
     n = np.asarray(lengths)
     bound = max(math.ceil(np.minimum(n, size).sum() / size), int((2 * n > size).sum()))
-    assert (row["stream_sequences"], row["packed_lower_bound"]) == (math.ceil(n.sum() / size), bound)
+    assert (row["stream_sequences"], row["packed_lower_bound"]) == (
+        math.ceil(n.sum() / size),
+        bound,
+    )
     assert row["packed_lower_bound"] <= ffd(lengths, size) <= row["padded_sequences"]
 
 
@@ -185,6 +213,14 @@ def test_queries_on_an_empty_output(empty_dst: Path) -> None:
     results = run_queries(empty_dst)
     assert set(results) == set(query_names())
     assert results["lengths"].to_pylist()[0]["examples"] == 0
-    for name in ("length_histogram", "roles", "domains", "packing", "zero_trained", "untrained_eot",
-                 "rejects", "turns_per_example"):
+    for name in (
+        "length_histogram",
+        "roles",
+        "domains",
+        "packing",
+        "zero_trained",
+        "untrained_eot",
+        "rejects",
+        "turns_per_example",
+    ):
         assert results[name].num_rows == 0, name

@@ -20,12 +20,14 @@ def decode(html: str) -> list[np.ndarray]:
     """Every embedded plot as an RGB float array, decoded by matplotlib's PNG reader."""
     import matplotlib.image as mpimg
 
-    return [mpimg.imread(io.BytesIO(base64.b64decode(b64)), format="png")[..., :3]
-            for b64 in PNG.findall(html)]
+    return [
+        mpimg.imread(io.BytesIO(base64.b64decode(b64)), format="png")[..., :3]
+        for b64 in PNG.findall(html)
+    ]
 
 
 def share_of_color(image: np.ndarray, hex_color: str) -> float:
-    rgb = np.array([int(hex_color[i:i + 2], 16) for i in (1, 3, 5)]) / 255
+    rgb = np.array([int(hex_color[i : i + 2], 16) for i in (1, 3, 5)]) / 255
     return float((np.abs(image - rgb).max(axis=-1) < 0.02).mean())
 
 
