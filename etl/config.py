@@ -9,10 +9,11 @@ errors that name the field and the allowed values.
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from etl.columns import DEFAULT_SEQ_LEN, DEFAULT_SYSTEM_TEXT
 from etl.errors import EtlError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from types import TracebackType
+from typing import Self
 
 
 class Progress:
@@ -29,7 +30,7 @@ class Progress:
     def file_done(self, size: int) -> None:
         self._bar.update(size)
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

@@ -20,10 +20,10 @@ ROLE_TOKENS = {"system": NGPT_SYS, "user": NGPT_USR, "assistant": NGPT_ASST}
 __all__ = [
     "DEFAULT_SYSTEM_TEXT",
     "IGNORE_INDEX",
+    "collate_sft_batch",
+    "pack_sft_ids_and_mask",
     "serialize_chat_to_ids",
     "sft_loss_mask_for_ids",
-    "pack_sft_ids_and_mask",
-    "collate_sft_batch",
 ]
 
 

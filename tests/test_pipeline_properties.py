@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -33,7 +34,7 @@ def reference(conv: list[dict[str, str]], S: int) -> tuple[list[int], list[bool]
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(convs=st.lists(conversation, min_size=1, max_size=5), S=seq_len)
 def test_pipeline_matches_reference(convs: list[list[dict[str, str]]], S: int, tmp_path: Path) -> None:
-    examples, plan, ctx = pipeline_examples(convs, RunConfig(template="ngpt", seq_len=S), tmp_path)
+    examples, _, ctx = pipeline_examples(convs, RunConfig(template="ngpt", seq_len=S), tmp_path)
     assert examples.height == len(convs)
     pad = ctx.template.eot_id
     for conv, row in zip(convs, examples.iter_rows(named=True)):
@@ -55,7 +56,7 @@ def test_turn_spans_tile_each_example(convs: list[list[dict[str, str]]], S: int,
         spans = list(zip(kept["start"].to_list(), kept["end"].to_list()))
         # Kept turns tile [0, num_tokens) in order; dropped turns have -1 spans.
         assert spans and spans[0][0] == 0 and spans[-1][1] == row["num_tokens"]
-        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
         dropped = turns.filter(~turns["kept"])
         assert set(dropped["start"].to_list()) <= {-1} and row["num_turns_dropped"] == dropped.height
         assert row["num_tokens"] <= S

@@ -23,7 +23,7 @@ QWEN = SHARED / "qwen2.5-tokenizer"
 
 
 def etl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "etl", *args], capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "etl", *args], capture_output=True, text=True, cwd=ROOT, check=False)
 
 
 def read(dst: Path, what: str) -> pa.Table:

@@ -1,0 +1,149 @@
+"""What one `etl run` resolves once and carries through every chunk: config, tokenizer, template, counts."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from etl import __version__
+from etl import stages as st
+from etl.builders import BUILDERS
+from etl.config import RunConfig
+from etl.errors import EtlError
+from etl.preprocess import Deduplicator
+from etl.reader import Source
+from etl.templates import TemplateIds, get_template, resolve_template
+from etl.tokenizer import TextTokenizer, encode_template_text, load_tokenizer
+
+
+@dataclass
+class Counts:
+    """Accounting of one run: read == written + sum(dropped) + sum(rejected)."""
+
+    read: int = 0
+    written: int = 0
+    truncated: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "read": self.read,
+            "written": self.written,
+            "truncated": self.truncated,
+            "dropped": {k: v for k, v in sorted(self.dropped.items()) if v},
+            "rejected": {k: v for k, v in sorted(self.rejected.items()) if v},
+            "tokens": self.tokens,
+            "trained_tokens": self.trained_tokens,
+        }
+
+
+@dataclass
+class Context:
+    """What every chunk needs: resolved config, tokenizer, template ids, a DuckDB connection."""
+
+    config: RunConfig
+    dst: Path
+    tokenizer: TextTokenizer
+    template: TemplateIds
+    system_ids: list[int] | None
+    con: duckdb.DuckDBPyConnection
+    bos: list[int] = field(default_factory=list)
+    eos: list[int] = field(default_factory=list)
+    counts: Counts = field(default_factory=Counts)
+    dedup: Deduplicator = field(default_factory=Deduplicator)
+    parts: int = 0
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def mask(self) -> st.MaskOptions:
+        """Mask options with the template's default for training the assistant header."""
+        if self.config.mask.train_header is not None:
+            return self.config.mask
+        return dataclasses.replace(
+            self.config.mask, train_header=self.template.template.train_header
+        )
+
+    @property
+    def weights(self) -> bool:
+        """Per-message weights are written (`loss_weight`) when the input names a weight key."""
+        return "weight_key" in self.config.input_options
+
+
+def _extra_special(tokenizer: TextTokenizer, key: str, template_value: str) -> str:
+    """The BOS/EOS string for `add_bos`/`add_eos`: the template's, else tokenizer_config's."""
+    if template_value:
+        return template_value
+    value = getattr(tokenizer, "config", {}).get(f"{key}_token")
+    value = value.get("content") if isinstance(value, dict) else value
+    if not value:
+        raise EtlError(
+            f"preprocessing.add_{key} is set but neither the template nor the tokenizer's "
+            f"tokenizer_config.json names a {key.upper()} token; unset add_{key} or use a tokenizer that has one"
+        )
+    return value
+
+
+def build_context(config: RunConfig, dst: Path) -> Context:
+    """Resolve tokenizer, template, BOS/EOS and the default system ids once per run."""
+    if config.input_type not in BUILDERS:
+        raise EtlError(
+            f"input type {config.input_type!r} is not one of {', '.join(sorted(BUILDERS))}"
+        )
+    template = get_template(config.template)
+    tokenizer = load_tokenizer(config.tokenizer, special_tokens=template.special_tokens)
+    ids = resolve_template(template, tokenizer)
+    bos, eos = list(ids.bos), list(ids.eos)
+    if config.add_bos and not bos:
+        token = _extra_special(tokenizer, "bos", template.bos)
+        bos = encode_template_text(tokenizer, token, [token])
+    if config.add_eos and not eos:
+        token = _extra_special(tokenizer, "eos", template.eos)
+        eos = encode_template_text(tokenizer, token, [token])
+    system_ids = None
+    if config.default_system is not None and config.input_type != "text":
+        system_ids = tokenizer.encode_texts(pa.array([config.default_system]))[0].as_py()
+    return Context(
+        config=config,
+        dst=dst,
+        tokenizer=tokenizer,
+        template=ids,
+        system_ids=system_ids,
+        con=duckdb.connect(),
+        bos=bos,
+        eos=eos,
+    )
+
+
+def manifest_for(ctx: Context, sources: list[Source], seconds: float) -> dict[str, Any]:
+    tok = ctx.tokenizer
+    return {
+        "format_version": 1,
+        "etl_version": __version__,
+        "config": ctx.config.to_json(),
+        "inputs": [s.name for s in sources],
+        "seq_len": ctx.config.seq_len,
+        "tokenizer": {
+            "name": tok.name,
+            "path": tok.path,
+            "sha256": tok.sha256,
+            "vocab_size": tok.vocab_size,
+        },
+        "template": ctx.template.to_json(),
+        "special_ids": ctx.template.special_ids,
+        "pad_id": ctx.template.eot_id,
+        "eot_id": ctx.template.eot_id,
+        "bos_ids": ctx.bos,
+        "eos_ids": ctx.eos,
+        "default_system_ids": ctx.system_ids,
+        "counts": ctx.counts.to_json(),
+        "files": sorted(ctx.files),
+    }
