@@ -25,9 +25,10 @@ from etl import stages as st
 from etl.builders import BUILDERS, run_builder
 from etl.chat_jinja import chat_template_source, render, special_tokens_map, token_string
 from etl.config import RunConfig
+from etl.context import Context, build_context
 from etl.errors import EtlError
+from etl.examples import build_examples, records_frame
 from etl.reader import discover, read_chunks
-from etl.run import Context, build_context, build_examples, records_frame
 
 Message = dict[str, str]
 REFERENCE_PATH = (
