@@ -165,7 +165,9 @@ def test_sharegpt_own_system_message_wins_over_field() -> None:
 
 def test_sharegpt_role_map_extends_and_overrides() -> None:
     rec = {"conversations": [{"from": "bot", "value": "a"}, {"from": "gpt", "value": "b"}]}
-    assert reason("sharegpt", rec)[0] == "unknown_role"
+    assert reason("sharegpt", rec)[1] == (
+        'message 0 has role "bot"; expected one of system, user, assistant, tool, text or a role_map key '
+        "(human, user, gpt, assistant, system, function_call, observation, tool)")
     row = one("sharegpt", rec, role_map={"bot": "assistant", "gpt": "user"})
     assert row["messages"] == [msg("assistant", "a"), msg("user", "b")]
 
