@@ -293,3 +293,9 @@ def test_register_builder_adds_an_input_type() -> None:
         assert got.to_pylist() == [{"source_line": 0, "reason": "x"}]
     finally:
         del BUILDERS["echo_test"]
+
+
+def test_instruction_one_key_cannot_be_two_fields() -> None:
+    with pytest.raises(EtlError, match="both prompt and response"):
+        BUILDERS["instruction"](roles=ROLES, prompt_key="text", response_key="text")
+    assert BUILDERS["instruction"](roles=ROLES, prompt_key="instruction", response_key="output")  # seed 004

@@ -99,6 +99,15 @@ def _no_key(key: str, fallback: str | None) -> str:
     return f"no {keys} key (or it is null)"
 
 
+def _check_groups(**groups: tuple[str | None, ...]) -> None:
+    """One key may serve a field and its alpaca fallback, never two different fields."""
+    owner: dict[str, str] = {}
+    for field, keys in groups.items():
+        for key in filter(None, keys):
+            if owner.setdefault(key, field) != field:
+                raise EtlError(f"input: key {key!r} is configured for both {owner[key]} and {field}; they must differ")
+
+
 def single_turn_query(
     *,
     roles: Sequence[str],
@@ -121,6 +130,8 @@ def single_turn_query(
                         ("output_key", output_key), ("system_key", system_key),
                         ("history_key", history_key), ("domain_key", domain_key)):
         check_key(option, key, optional=True)
+    _check_groups(prompt=(prompt_key, instruction_key), response=(response_key, output_key),
+                  input=(input_key,), system=(system_key,), history=(history_key,))
     if not isinstance(input_separator, str):
         raise EtlError(f"input.input_separator is {input_separator!r}; expected a string")
     if strip_suffix is not None and not isinstance(strip_suffix, str):
