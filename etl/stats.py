@@ -21,8 +21,9 @@ from etl import columns as C
 from etl.errors import EtlError
 from etl.manifest import read_manifest
 
-# sql/ sits next to the package in the repository (editable installs); ETL_SQL_DIR overrides it.
-SQL_DIR = Path(os.environ.get("ETL_SQL_DIR", Path(__file__).resolve().parent.parent / "sql"))
+# sql/ is the repository's top-level folder; etl/sql links to it so wheels ship the queries too.
+# ETL_SQL_DIR overrides it.
+SQL_DIR = Path(os.environ.get("ETL_SQL_DIR", Path(__file__).resolve().parent / "sql"))
 
 # Display order of `etl stats` and the report: summaries first, row listings last.
 QUERY_ORDER = (
