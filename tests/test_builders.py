@@ -197,6 +197,7 @@ def test_instruction_alpaca_input_system_and_history() -> None:
     assert rows[1]["messages"] == [msg("system", "S"), msg("user", "a"), msg("assistant", "b"),
                                    msg("user", "Do\n\nthis"), msg("assistant", "ok")]
     assert rows[2]["messages"] == [msg("user", "p"), msg("assistant", "r")]
+    assert one("instruction", {"instruction": "", "input": "x", "output": "y"})["messages"][0] == msg("user", "x")
 
 
 def test_instruction_seed004_keys_still_append_input() -> None:

@@ -64,7 +64,7 @@ def alpaca_reference(rec: dict[str, Any]) -> list[tuple[str, str]]:
     out = [("system", rec["system"])] if rec.get("system") else []
     for q, a in rec.get("history", []):
         out += [("user", q), ("assistant", a)]
-    user = rec["instruction"] + ("\n\n" + rec["input"] if rec.get("input") else "")
+    user = "\n\n".join(t for t in (rec["instruction"], rec.get("input")) if t)  # empty parts left out
     return [*out, ("user", user), ("assistant", rec["output"])]
 
 

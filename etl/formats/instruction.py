@@ -83,7 +83,7 @@ final as (
                 else [{_message("'system'", "sys_text")}] end
             || coalesce(flatten(list_transform(pairs, lambda h: [
                 {_message("'user'", "h[1] ->> '$'")}, {_message("'assistant'", "h[2] ->> '$'")}])), [])
-            || [{_message("'user'", "concat_ws($input_sep, p ->> '$', nullif(input ->> '$', ''))")},
+            || [{_message("'user'", "concat_ws($input_sep, nullif(p ->> '$', ''), nullif(input ->> '$', ''))")},
                 {_message("'assistant'", "response")}]
         end as messages,
         dom ->> '$' as domain,
@@ -172,8 +172,8 @@ def instruction_builder(
 ) -> BuilderQuery:
     """Instruction records: prompt/response (seed 004) or alpaca instruction/input/output.
 
-    user = the `prompt_key` string, or else the `instruction_key` string, followed by
-    `input_separator` and the `input_key` string when that is non-empty; assistant = the
+    user = the `prompt_key` string, or else the `instruction_key` string, and the `input_key`
+    string, joined by `input_separator` (an empty one is left out); assistant = the
     `response_key` string, or else the `output_key` string (minus `strip_suffix`). A non-empty
     `system_key` string becomes a leading system message; `history_key` (alpaca /
     LLaMA-Factory) is a list of [user, assistant] string pairs inserted as earlier turns.
