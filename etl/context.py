@@ -18,8 +18,8 @@ from etl.config import RunConfig
 from etl.errors import EtlError
 from etl.preprocess import Deduplicator
 from etl.reader import Source
-from etl.templates import TemplateIds, get_template, resolve_template
-from etl.tokenizer import TextTokenizer, encode_template_text, load_tokenizer
+from etl.templates import TemplateIds, resolve_template
+from etl.tokenizer import TextTokenizer, encode_template_text
 
 
 @dataclass
@@ -98,8 +98,9 @@ def build_context(config: RunConfig, dst: Path) -> Context:
         raise EtlError(
             f"input type {config.input_type!r} is not one of {', '.join(sorted(BUILDERS))}"
         )
-    template = get_template(config.template)
-    tokenizer = load_tokenizer(config.tokenizer, special_tokens=template.special_tokens)
+    from etl.hf_template import load_template_and_tokenizer
+
+    template, tokenizer = load_template_and_tokenizer(config.template, tokenizer_spec=config.tokenizer)
     ids = resolve_template(template, tokenizer)
     bos, eos = list(ids.bos), list(ids.eos)
     if config.add_bos and not bos:

@@ -181,7 +181,9 @@ def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateId
         template=template,
         header={r: enc(f.header) for r, f in roles.items()},
         end={r: enc(f.end) for r, f in roles.items()},
-        sep={r: enc(f.sep) for r, f in roles.items()},
+        # The separator is encoded after its end-of-turn so that an end token that swallows
+        # whitespace on its right (Phi-3's <|end|>) swallows the separator's newline too.
+        sep={r: enc(f.end + f.sep)[len(enc(f.end)) :] for r, f in roles.items()},
         bos=enc(template.bos),
         eos=enc(template.eos),
         eot_id=eot[0],

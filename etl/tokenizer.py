@@ -153,6 +153,13 @@ class HFTokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def special_strip(self, token: str) -> tuple[bool, bool]:
+        """(lstrip, rstrip) of an added token: whether it swallows whitespace on that side."""
+        for added in self._tok.get_added_tokens_decoder().values():
+            if added.content == token:
+                return bool(added.lstrip), bool(added.rstrip)
+        return False, False
+
     def token_strings(self, ids: Sequence[int]) -> list[str]:
         return [self._tok.decode([int(i)], skip_special_tokens=False) for i in ids]
 
@@ -203,7 +210,19 @@ def encode_template_text(tokenizer: TextTokenizer, text: str, specials: Sequence
         EtlError: a special token of the template is not in the tokenizer's vocabulary.
     """
     ids: list[int] = []
-    for piece, is_special in split_on_specials(text, specials):
+    parts = split_on_specials(text, specials)
+    strip = getattr(tokenizer, "special_strip", lambda _tok: (False, False))
+    # An added token with rstrip/lstrip (Phi-3's markers) swallows the whitespace next to it
+    # when a whole text is tokenized; strip it here too so per-turn ids match that.
+    for i, (piece, is_special) in enumerate(parts):
+        if is_special:
+            continue
+        if i > 0 and strip(parts[i - 1][0])[1]:
+            piece = piece.lstrip()
+        if i + 1 < len(parts) and strip(parts[i + 1][0])[0]:
+            piece = piece.rstrip()
+        parts[i] = (piece, False)
+    for piece, is_special in parts:
         if is_special:
             tid = tokenizer.special_id(piece)
             if tid is None:
@@ -213,6 +232,6 @@ def encode_template_text(tokenizer: TextTokenizer, text: str, specials: Sequence
                     "phi3 for Phi-3) or use --tokenizer bytes"
                 )
             ids.append(tid)
-        else:
+        elif piece:
             ids.extend(tokenizer.encode_texts(pa.array([piece]))[0].as_py())
     return ids

@@ -207,3 +207,21 @@ def test_rerun_replaces_previous_output(tmp_path: Path) -> None:
     assert main(["run", str(src), str(dst), "--quiet"]) == 0
     assert read(dst, "data").num_rows == 2
     assert not (dst / "_rejects").exists()
+
+
+PHI3 = SHARED / "phi3-tokenizer"
+
+
+@pytest.mark.skipif(not PHI3.exists(), reason="needs ../shared/data/phi3-tokenizer")
+def test_phi3_preset_ids_equal_the_rendered_conversation(tmp_path: Path) -> None:
+    # Phi-3's markers swallow the whitespace on their right: "<|user|>\n" and "<|end|>\n" add
+    # no newline tokens when the whole text is tokenized, and the preset must agree.
+    from tokenizers import Tokenizer
+
+    conv = chat(("system", "Be brief."), ("user", "Who are you?"), ("assistant", "A model."))
+    src = write_jsonl(tmp_path / "raw.jsonl", [conv])
+    r = etl("run", str(src), str(tmp_path / "out"), "--tokenizer", str(PHI3), "--template", "phi3", "--quiet")
+    assert r.returncode == 0, r.stderr
+    text = "".join(f"<|{m['role']}|>\n{m['content']}<|end|>\n" for m in conv["messages"]) + "<|endoftext|>"
+    expected = Tokenizer.from_file(str(PHI3 / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    assert read(tmp_path / "out", "data").column("input_ids")[0].as_py() == expected
