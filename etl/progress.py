@@ -21,6 +21,8 @@ class Progress:
             desc="etl run", dynamic_ncols=True,
         )
         self._started = time.perf_counter()
+        self._done_files = 0
+        self._in_file = 0
 
     def update(self, records: int, tokens: int) -> None:
         """Refresh the records and tokens/s figures after a chunk."""
@@ -28,7 +30,16 @@ class Progress:
         self._bar.set_postfix_str(f"{records:,} rec, {tokens / elapsed / 1e6:.2f}M tok/s", refresh=True)
 
     def file_done(self, size: int) -> None:
-        self._bar.update(size)
+        """Mark a whole file as read (what file_position did not report yet)."""
+        self.file_position(size)
+        self._done_files += size
+        self._in_file = 0
+
+    def file_position(self, position: int) -> None:
+        """Bytes of the current file read so far (compressed bytes for .gz/.zst)."""
+        if position > self._in_file:
+            self._bar.update(position - self._in_file)
+            self._in_file = position
 
     def __enter__(self) -> Self:
         return self

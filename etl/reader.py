@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import glob
 import gzip
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -24,6 +24,7 @@ from etl.errors import EtlError
 KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 DEFAULT_CHUNK_BYTES = 32 << 20  # 32 MiB of JSON per chunk: ~5-10M tokens, a few hundred MB peak
+Progress = Callable[[int], None]
 RAW_SCHEMA = pa.schema([("source_line", pa.int64()), ("line", pa.large_string())])
 
 
@@ -75,14 +76,18 @@ def discover(src: str) -> list[Source]:
     return sources
 
 
-def _open_binary(source: Source) -> BinaryIO:
+def _open_binary(source: Source, raw: list[BinaryIO] | None = None) -> BinaryIO:
+    """The decompressed byte stream; `raw` receives the file object under it (for tell())."""
+    fh = open(source.path, "rb")  # noqa: SIM115 (closed by the stream that wraps it)
+    if raw is not None:
+        raw.append(fh)
     if source.compression == "gzip":
-        return gzip.open(source.path, "rb")  # type: ignore[return-value]
+        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
     if source.compression == "zstd":
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(open(source.path, "rb"))  # type: ignore[return-value]
-    return open(source.path, "rb")
+        return zstandard.ZstdDecompressor().stream_reader(fh, closefd=True)  # type: ignore[return-value]
+    return fh
 
 
 def _lines_from_block(block: bytes, first_line: int) -> pa.Table:
@@ -130,12 +135,15 @@ def _valid_utf8(block: bytes) -> bytes:
     return b"\n".join(fixed)
 
 
-def _jsonl_chunks(source: Source, chunk_bytes: int) -> Iterator[pa.Table]:
+def _jsonl_chunks(source: Source, chunk_bytes: int, progress: Progress | None = None) -> Iterator[pa.Table]:
     next_line = 0
     rest = b""
-    with _open_binary(source) as fh:
+    raw: list[BinaryIO] = []
+    with _open_binary(source, raw) as fh:
         while True:
             data = fh.read(chunk_bytes)
+            if progress is not None and not raw[0].closed:
+                progress(raw[0].tell())
             block = rest + data
             if not data:
                 if block:
@@ -219,8 +227,13 @@ def _parquet_chunks(source: Source, chunk_records: int) -> Iterator[pa.Table]:
         con.close()
 
 
-def read_chunks(source: Source, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[pa.Table]:
+def read_chunks(
+    source: Source, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: Progress | None = None
+) -> Iterator[pa.Table]:
     """Yield bounded `(source_line, line)` tables of one file, in file order.
+
+    `progress`, when given, is called with the bytes of the (compressed) file read so far;
+    JSON lines report after every block, other kinds once per file (by the caller).
 
     Raises:
         UnreadableFile: the file (or the rest of it) cannot be parsed at all.
@@ -229,7 +242,7 @@ def read_chunks(source: Source, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
     chunk_records = max(1, chunk_bytes // 1024)
     try:
         if source.kind == "jsonl":
-            yield from _jsonl_chunks(source, chunk_bytes)
+            yield from _jsonl_chunks(source, chunk_bytes, progress)
         elif source.kind == "json":
             yield from _json_chunks(source, chunk_records, chunk_bytes)
         else:

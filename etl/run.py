@@ -164,7 +164,7 @@ def run(src: str, dst: str, config: RunConfig, *, progress: bool = True) -> dict
             if config.max_items is not None and ctx.counts.read >= config.max_items:
                 break
             try:
-                for raw in read_chunks(source, chunk_bytes=config.chunk_bytes):
+                for raw in read_chunks(source, chunk_bytes=config.chunk_bytes, progress=bar.file_position):
                     if config.max_items is not None:  # preprocessing.max_items: stop reading there
                         raw = raw.slice(0, max(config.max_items - ctx.counts.read, 0))
                         if raw.num_rows == 0:
