@@ -40,12 +40,22 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     manifest = run_pipeline(args.src, args.dst, config, progress=not args.quiet)
     if not args.quiet:
-        n = manifest["counts"]
-        print(
-            f"etl run: read {n['read']:,}, written {n['written']:,} ({n['truncated']:,} truncated), "
-            f"dropped {sum(n['dropped'].values()):,} {n['dropped'] or ''}, "
-            f"rejected {sum(n['rejected'].values()):,} {n['rejected'] or ''}; "
-            f"{n['tokens']:,} tokens ({n['trained_tokens']:,} trained) -> {args.dst}",
-            file=sys.stderr,
-        )
+        print(summary(manifest, args.dst), file=sys.stderr)
     return 0
+
+
+def _reasons(counts: dict[str, int]) -> str:
+    total = sum(counts.values())
+    detail = ", ".join(f"{reason} {n:,}" for reason, n in counts.items())
+    return f"{total:,} ({detail})" if detail else "0"
+
+
+def summary(manifest: dict[str, object], dst: str) -> str:
+    """One line: the counts that must add up, and the tokens written."""
+    n = manifest["counts"]
+    assert isinstance(n, dict)
+    return (
+        f"etl run: read {n['read']:,}, written {n['written']:,} ({n['truncated']:,} truncated), "
+        f"dropped {_reasons(n['dropped'])}, rejected {_reasons(n['rejected'])}; "
+        f"{n['tokens']:,} tokens ({n['trained_tokens']:,} trained) -> {dst}"
+    )
