@@ -140,8 +140,12 @@ def _jsonl_chunks(source: Source, chunk_bytes: int, progress: Progress | None = 
     rest = b""
     raw: list[BinaryIO] = []
     with _open_binary(source, raw) as fh:
+        first = True
         while True:
             data = fh.read(chunk_bytes)
+            if first and data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark is not data
+                data, first = data[3:], False
+            first = False
             if progress is not None and not raw[0].closed:
                 progress(raw[0].tell())
             block = rest + data

@@ -225,3 +225,10 @@ def test_phi3_preset_ids_equal_the_rendered_conversation(tmp_path: Path) -> None
     text = "".join(f"<|{m['role']}|>\n{m['content']}<|end|>\n" for m in conv["messages"]) + "<|endoftext|>"
     expected = Tokenizer.from_file(str(PHI3 / "tokenizer.json")).encode(text, add_special_tokens=False).ids
     assert read(tmp_path / "out", "data").column("input_ids")[0].as_py() == expected
+
+
+def test_byte_order_mark_is_not_data(tmp_path: Path) -> None:
+    src = tmp_path / "bom.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + json.dumps(chat(("user", "a"), ("assistant", "b"))).encode() + b"\n")
+    assert main(["run", str(src), str(tmp_path / "out"), "--quiet"]) == 0
+    assert read_manifest(tmp_path / "out")["counts"]["written"] == 1
