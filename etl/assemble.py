@@ -31,8 +31,14 @@ class Assembled:
     weight: np.ndarray | None = None  # float32 flat: the message weight on trained tokens, else 0
 
     def num_trained(self) -> np.ndarray:
-        per_token = np.repeat(np.arange(len(self.conv)), np.diff(self.offsets))
-        return np.bincount(per_token, weights=self.mask, minlength=len(self.conv)).astype(np.int32)
+        # reduceat over uint8 runs ~10x faster than a cumsum of bools (which converts per
+        # element); empty examples would get a neighbour's value, so they are zeroed.
+        lengths = np.diff(self.offsets)
+        if not len(lengths):
+            return np.zeros(0, np.int32)
+        starts = np.minimum(self.offsets[:-1], max(len(self.mask) - 1, 0))
+        counts = np.add.reduceat(self.mask.view(np.uint8), starts, dtype=np.int64) if len(self.mask) else lengths
+        return np.where(lengths > 0, counts, 0).astype(np.int32)
 
     def list_arrays(self) -> tuple[pa.ListArray, pa.ListArray]:
         offsets = pa.array(self.offsets.astype(np.int32))

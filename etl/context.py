@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,8 +63,23 @@ class Context:
     eos: list[int] = field(default_factory=list)
     counts: Counts = field(default_factory=Counts)
     dedup: Deduplicator = field(default_factory=Deduplicator)
+    timings: Counter[str] = field(default_factory=Counter)
     parts: int = 0
     files: list[str] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        """Add the wall time of the block to `timings[stage]` (shown by `etl run --timings`)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[stage] += time.perf_counter() - started
+
+    def timed_encode(self, texts: pa.Array) -> pa.LargeListArray:
+        """The tokenizer's batched call, timed on its own (it runs inside the Polars plan)."""
+        with self.timed("tokenizer"):
+            return self.tokenizer.encode_texts(texts)
 
     @property
     def mask(self) -> st.MaskOptions:

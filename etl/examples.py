@@ -84,16 +84,18 @@ def build_examples(records: pl.DataFrame, ctx: Context) -> tuple[pl.DataFrame, p
     caller drops them with a reason.
     """
     cfg = ctx.config
-    plan = st.plan_turns(
-        records.lazy(),
-        encode=ctx.tokenizer.encode_texts,
-        role_table=ctx.template.role_table(),
-        system_ids=ctx.system_ids,
-        mask=ctx.mask,
-        seq_len=cfg.seq_len,
-        bos_len=len(ctx.bos),
-        eos_len=len(ctx.eos),
-        truncation=cfg.truncation,
-    ).collect()
-    built = assemble(plan, bos_ids=ctx.bos, eos_ids=ctx.eos, weights=ctx.weights)
-    return _examples(records, plan, built, ctx), plan
+    with ctx.timed("tokenize_plan"):
+        plan = st.plan_turns(
+            records.lazy(),
+            encode=ctx.timed_encode,
+            role_table=ctx.template.role_table(),
+            system_ids=ctx.system_ids,
+            mask=ctx.mask,
+            seq_len=cfg.seq_len,
+            bos_len=len(ctx.bos),
+            eos_len=len(ctx.eos),
+            truncation=cfg.truncation,
+        ).collect()
+    with ctx.timed("assemble"):
+        built = assemble(plan, bos_ids=ctx.bos, eos_ids=ctx.eos, weights=ctx.weights)
+        return _examples(records, plan, built, ctx), plan

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -74,37 +75,38 @@ def process_chunk(source: Source, raw: pa.Table, ctx: Context) -> None:
     """Parse, preprocess, plan, assemble and write one chunk of one file; update the counts."""
     cfg = ctx.config
     roles = [r for r in ctx.template.header if r != "text" or cfg.input_type == "text"]
-    parsed = run_builder(ctx.con, raw, BUILDERS[cfg.input_type](roles=roles, **cfg.input_options))
+    with ctx.timed("parse"):
+        parsed = run_builder(ctx.con, raw, BUILDERS[cfg.input_type](roles=roles, **cfg.input_options))
     ctx.counts.read += parsed.num_rows
     part = f"part-{ctx.parts:05d}.parquet"
     ctx.parts += 1
     good = _split_parsed(parsed, ctx, source, part)
     if good.num_rows == 0:
         return
-    keys, draws = record_keys(
-        ctx.con,
-        good,
-        source=source.name,
-        exact=cfg.dedup_mode == "exact",
-        split_seed=cfg.split_seed,
-    )
-    if cfg.deduplicate:
-        fresh = ctx.dedup.keep(keys)
-        ctx.counts.dropped[DUPLICATE] += int((~fresh).sum())
-        good, draws = good.filter(pa.array(fresh)), draws[fresh]
-        if good.num_rows == 0:
-            return
+    draws = np.zeros(good.num_rows)
+    if cfg.deduplicate or cfg.val_fraction > 0:  # one more pass over the text: only when asked
+        with ctx.timed("dedup_split"):
+            keys, draws = record_keys(
+                ctx.con, good, source=source.name, exact=cfg.dedup_mode == "exact", split_seed=cfg.split_seed
+            )
+        if cfg.deduplicate:
+            fresh = ctx.dedup.keep(keys)
+            ctx.counts.dropped[DUPLICATE] += int((~fresh).sum())
+            good, draws = good.filter(pa.array(fresh)), draws[fresh]
+            if good.num_rows == 0:
+                return
     records = records_frame(
         source.name, good, domain=domains(good), split=splits(draws, cfg.val_fraction)
     )
-    examples, _plan = build_examples(records, ctx)
+    examples, plan = build_examples(records, ctx)
     dropped = examples.with_columns(
         pl.coalesce(
             pl.col(st.DROP_REASON), pl.when(pl.col(c.NUM_TRAINED) == 0).then(pl.lit(NO_TRAINED))
         ).alias("why")
     )
     _tally(ctx.counts.dropped, dropped["why"].drop_nulls().to_arrow())
-    _write_examples(dropped.filter(pl.col("why").is_null()), _plan, part, ctx)
+    with ctx.timed("write"):
+        _write_examples(dropped.filter(pl.col("why").is_null()), plan, part, ctx)
 
 
 def _write_examples(examples: pl.DataFrame, plan: pl.DataFrame, part: str, ctx: Context) -> None:
@@ -151,8 +153,14 @@ def _reject_file(source: Source, exc: UnreadableFile, ctx: Context) -> None:
     ctx.parts += 1
 
 
-def run(src: str, dst: str, config: RunConfig, *, progress: bool = True) -> dict[str, Any]:
-    """Run the whole pipeline from SRC to DST; returns the manifest it wrote."""
+def run(
+    src: str, dst: str, config: RunConfig, *, progress: bool = True, timings: Counter[str] | None = None
+) -> dict[str, Any]:
+    """Run the whole pipeline from SRC to DST; returns the manifest it wrote.
+
+    `timings`, when given, receives wall seconds per stage (kept out of the manifest, which
+    must be byte-identical across runs).
+    """
     sources = discover(src)
     out = Path(dst)
     ctx = build_context(config, out)
@@ -182,6 +190,9 @@ def run(src: str, dst: str, config: RunConfig, *, progress: bool = True) -> dict
     if config.storage_format != "parquet":
         manifest["storage"] = _export_storage(out, manifest, config)
     write_manifest(out, manifest)
+    if timings is not None:
+        timings.update(ctx.timings)
+        timings["total"] = time.perf_counter() - started
     return manifest
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 
 from etl.columns import DEFAULT_SEQ_LEN
 
@@ -31,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=["local"], default="local", help="execution engine (default local)")
     p.add_argument("--chunk-mb", type=float, help="MiB of input per chunk (bounds memory; default 32)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.add_argument("--timings", action="store_true", help="print wall seconds per pipeline stage")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,9 +40,14 @@ def run(args: argparse.Namespace) -> int:
     from etl.settings import config_from_args
 
     config = config_from_args(args)
-    manifest = run_pipeline(args.src, args.dst, config, progress=not args.quiet)
+    timings: Counter[str] = Counter()
+    manifest = run_pipeline(args.src, args.dst, config, progress=not args.quiet, timings=timings)
     if not args.quiet:
         print(summary(manifest, args.dst), file=sys.stderr)
+    if args.timings:
+        # tokenize_plan includes the tokenizer's own time, shown on its own line too.
+        stages = ", ".join(f"{name} {sec:.2f}s" for name, sec in sorted(timings.items(), key=lambda kv: -kv[1]))
+        print(f"etl run timings: {stages}", file=sys.stderr)
     return 0
 
 
