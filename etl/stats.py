@@ -20,6 +20,7 @@ import pyarrow as pa
 from etl import columns as C
 from etl.errors import EtlError
 from etl.manifest import read_manifest
+from etl.writer import DATA_SCHEMA, REJECTS_SCHEMA, TURNS_SCHEMA
 
 # sql/ is the repository's top-level folder; etl/sql links to it so wheels ship the queries too.
 # ETL_SQL_DIR overrides it.
@@ -48,45 +49,7 @@ _COMMENT = re.compile(r"--[^\n]*")
 
 # Zero-row stand-ins for absent file groups (e.g. a run with no rejects): read_parquet([]) is an
 # error in DuckDB, an empty file with the contract schema is the honest "nothing here".
-_EMPTY_SCHEMAS = {
-    "data": pa.schema(
-        [
-            (C.ID, pa.string()),
-            (C.SOURCE_FILE, pa.string()),
-            (C.SOURCE_LINE, pa.int64()),
-            (C.DOMAIN, pa.string()),
-            (C.SPLIT, pa.string()),
-            (C.INPUT_IDS, pa.list_(pa.int32())),
-            (C.LOSS_MASK, pa.list_(pa.bool_())),
-            (C.NUM_TOKENS, pa.int32()),
-            (C.NUM_TRAINED, pa.int32()),
-            (C.NUM_TURNS, pa.int32()),
-            (C.NUM_TURNS_DROPPED, pa.int32()),
-            (C.TRUNCATED, pa.bool_()),
-        ]
-    ),
-    "turns": pa.schema(
-        [
-            (C.ID, pa.string()),
-            (C.TURN_INDEX, pa.int32()),
-            (C.ROLE, pa.string()),
-            (C.START, pa.int32()),
-            (C.END, pa.int32()),
-            (C.NUM_TOKENS, pa.int32()),
-            (C.TRAINED, pa.bool_()),
-            (C.KEPT, pa.bool_()),
-        ]
-    ),
-    "rejects": pa.schema(
-        [
-            (C.SOURCE_FILE, pa.string()),
-            (C.SOURCE_LINE, pa.int64()),
-            (C.REASON, pa.string()),
-            (C.DETAIL, pa.string()),
-            (C.RAW, pa.string()),
-        ]
-    ),
-}
+_EMPTY_SCHEMAS = {"data": DATA_SCHEMA, "turns": TURNS_SCHEMA, "rejects": REJECTS_SCHEMA}
 
 
 def query_names() -> list[str]:
