@@ -168,8 +168,8 @@ def _good_rows(raw: pa.Table, ctx: Context, report: CheckReport, *, room: int | 
         last = good.column(c.SOURCE_LINE)[-1].as_py() if room else -1
         parsed = parsed.filter(pc.less_equal(parsed.column(c.SOURCE_LINE), last))
     # Builder rejects and builder drops ("drop:..." reasons) alike: neither reaches the pipeline.
-    for reason in parsed.column(c.REASON).drop_null().to_pylist():
-        report.rejected[reason] = report.rejected.get(reason, 0) + 1
+    for item in pc.value_counts(parsed.column(c.REASON).drop_null()).to_pylist():
+        report.rejected[item["values"]] = report.rejected.get(item["values"], 0) + item["counts"]
     return good
 
 

@@ -7,6 +7,7 @@ the shards and writes meta.json.
 
 from __future__ import annotations
 
+import abc
 import os
 import re
 from pathlib import Path
@@ -50,7 +51,7 @@ def clean(folder: Path, *, keep: frozenset[Path] | set[Path] = frozenset()) -> N
             p.unlink()
 
 
-class Backend:
+class Backend(abc.ABC):
     """Writes a domain's shards; `weights` says whether a ``loss_weight`` stream is written."""
 
     ext = ""
@@ -66,17 +67,17 @@ class Backend:
         """Temporary file of shard k's ``stream`` (hidden, so a half-written file is never used)."""
         return folder / f".{stream}-{k:05d}.{self.ext}.tmp"
 
+    @abc.abstractmethod
     def open(self, folder: Path, k: int) -> None:
         """Start shard k empty (its offsets hold the leading 0)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def append(self, folder: Path, k: int, arrays: dict[str, np.ndarray]) -> None:
         """Append one chunk of whole sequences (``offsets``: their end offsets) to shard k."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def finish(self, folder: Path, n: int) -> list[dict[str, str]]:
         """Remove earlier exports' files, rename the n shards; returns {stream: file} per shard."""
-        raise NotImplementedError
 
     def abort(self, folder: Path, n: int) -> None:
         """Remove the temporary files of a failed export (earlier finished files stay)."""

@@ -7,6 +7,7 @@ the seed-002 episode loader.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterator
 from typing import Any
 
@@ -128,7 +129,7 @@ def interleave_for_workers(num_batches: int, num_workers: int) -> np.ndarray:
     return np.lexsort((chunk, within)).astype(np.int64, copy=False)
 
 
-class _BatchSampler:
+class _BatchSampler(abc.ABC):
     """Shared state machine: current epoch, batches delivered in it, and resume."""
 
     kind = "base"
@@ -145,8 +146,9 @@ class _BatchSampler:
         self.epoch, self.position = 0, 0
         self._cache: tuple[int, list[np.ndarray]] | None = None
 
+    @abc.abstractmethod
     def _batches(self, epoch: int) -> list[np.ndarray]:
-        raise NotImplementedError
+        """All batches of ``epoch`` for this rank (subclasses define the order)."""
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches of ``epoch``, in the order they are yielded (cached per epoch)."""

@@ -36,11 +36,9 @@ def empty_dst(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def real_dst(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Output of the real `etl run --seq-len 256` on generated chats (+ examples/raw when present).
 
-    Skipped while the pipeline command does not exist. The generated input has long multi-turn
-    chats (truncation), a bad JSON line and an empty conversation (rejects).
+    The generated input has long multi-turn chats (truncation), a bad JSON line and an empty
+    conversation (rejects).
     """
-    if not (REPO / "etl" / "commands" / "run.py").is_file():
-        pytest.skip("`etl run` is not available yet")
     raw = tmp_path_factory.mktemp("raw")
     write_raw_chats(raw / "chats.jsonl")
     for sample in (REPO / "examples" / "raw").glob("*.*"):
