@@ -161,8 +161,9 @@ def run(
     `timings`, when given, receives wall seconds per stage (kept out of the manifest, which
     must be byte-identical across runs).
     """
-    sources = discover(src)
     out = Path(dst)
+    # DST inside SRC (etl run raw/ raw/out): a rerun must not read its own output as input.
+    sources = [s for s in discover(src) if not s.path.resolve().is_relative_to(out.resolve())]
     ctx = build_context(config, out)
     out.mkdir(parents=True, exist_ok=True)
     clear_previous_output(out)

@@ -232,3 +232,11 @@ def test_byte_order_mark_is_not_data(tmp_path: Path) -> None:
     src.write_bytes(b"\xef\xbb\xbf" + json.dumps(chat(("user", "a"), ("assistant", "b"))).encode() + b"\n")
     assert main(["run", str(src), str(tmp_path / "out"), "--quiet"]) == 0
     assert read_manifest(tmp_path / "out")["counts"]["written"] == 1
+
+
+def test_output_inside_the_input_folder_is_not_read_back(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    write_jsonl(raw / "a.jsonl", [chat(("user", "a"), ("assistant", "b"))])
+    for _ in range(2):
+        assert main(["run", str(raw), str(raw / "out"), "--quiet"]) == 0
+    assert read_manifest(raw / "out")["counts"]["read"] == 1
