@@ -1,9 +1,10 @@
 """Benchmark: MB/s of JSON text each record builder validates and normalizes (DuckDB only).
 
 T0-train-50k (../shared/data, 55k rows, ~65 MB of JSON) is rewritten once per input format
-(chat, chat with content parts, sharegpt, instruction/alpaca, prompt_completion, text) into a
-temp dir, read into memory with `etl.reader.read_chunks`, then each builder runs over the
-chunks; reading is not timed. Goal: every builder under ~1 s per 65 MB.
+(chat, chat with content parts, sharegpt, instruction/alpaca, prompt_completion, text, and an
+HH-RLHF-style transcript) into a temp dir, read into memory with `etl.reader.read_chunks`,
+then each builder runs over the chunks; reading is not timed. Goal: every builder under ~1 s
+per 65 MB.
 
     python bench/builders_throughput.py [--rows N] [--repeat R]
 """
@@ -40,6 +41,7 @@ FORMATS: dict[str, tuple[str, dict[str, Any], Shape]] = {
     "prompt_completion": ("prompt_completion", {"strip_suffix": "<|endoftext|>"},
                           lambda p, c: {"prompt": p, "completion": c}),
     "text": ("text", {}, lambda p, c: {"text": p + c}),
+    "transcript": ("transcript", {}, lambda p, c: {"chosen": f"\n\nHuman: {p}\n\nAssistant: {c}"}),
 }
 
 

@@ -15,7 +15,7 @@ import duckdb
 import pyarrow as pa
 
 # Importing the format modules registers their builders.
-from etl.formats import conversation, instruction, text  # noqa: F401
+from etl.formats import conversation, instruction, text, transcript  # noqa: F401
 from etl.formats.base import (
     BUILDERS,
     RAW_PREVIEW_CHARS,
