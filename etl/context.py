@@ -7,6 +7,7 @@ import dataclasses
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from etl.preprocess import Deduplicator
 from etl.reader import Source
 from etl.templates import TemplateIds, resolve_template
 from etl.tokenizer import TextTokenizer, encode_template_text
+from etl.writer import write_part
 
 
 @dataclass
@@ -64,8 +66,37 @@ class Context:
     counts: Counts = field(default_factory=Counts)
     dedup: Deduplicator = field(default_factory=Deduplicator)
     timings: Counter[str] = field(default_factory=Counter)
+    _pool: ThreadPoolExecutor | None = None
+    _pending: list[Future[Path]] = field(default_factory=list)
     parts: int = 0
     files: list[str] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def writer(self) -> Iterator[None]:
+        """Write parts on one background thread while the next chunk is parsed and tokenized.
+
+        pyarrow releases the GIL while it encodes and compresses, so the write of chunk k
+        overlaps the work on chunk k+1. At most one write is pending (bounded memory); leaving
+        the block waits for it and re-raises its error.
+        """
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            self._pool = pool
+            try:
+                yield
+            finally:
+                self._pool = None
+                for future in self._pending:
+                    future.result()
+                self._pending.clear()
+
+    def write(self, table: pa.Table, path: Path) -> None:
+        """Write a part file, in the background when inside `writer()`."""
+        if self._pool is None:
+            write_part(table, path)
+            return
+        while len(self._pending) > 1:  # keep memory bounded: wait for the older writes
+            self._pending.pop(0).result()
+        self._pending.append(self._pool.submit(write_part, table, path))
 
     @contextlib.contextmanager
     def timed(self, stage: str) -> Iterator[None]:

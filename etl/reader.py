@@ -23,7 +23,9 @@ from etl.errors import EtlError
 
 KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-DEFAULT_CHUNK_BYTES = 32 << 20  # 32 MiB of JSON per chunk: ~5-10M tokens, a few hundred MB peak
+# 16 MiB of JSON per chunk (~3M Qwen tokens): T0 with Qwen2.5 peaks at ~0.9 GB RSS and runs
+# as fast as with 32 MiB (1.15 GB); 8 MiB saves another 0.2 GB for ~1% of speed.
+DEFAULT_CHUNK_BYTES = 16 << 20
 Progress = Callable[[int], None]
 RAW_SCHEMA = pa.schema([("source_line", pa.int64()), ("line", pa.large_string())])
 

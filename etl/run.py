@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from etl.config import RunConfig
 from etl.context import Context, build_context, manifest_for
 from etl.examples import build_examples, records_frame
 from etl.manifest import write_manifest
+from etl.prefetch import prefetch
 from etl.preprocess import domains, record_keys, splits
 from etl.progress import Progress
 from etl.reader import Source, UnreadableFile, discover, read_chunks
@@ -33,7 +35,6 @@ from etl.writer import (
     clear_previous_output,
     conform,
     data_schema,
-    write_part,
 )
 
 __all__ = ["Context", "build_context", "build_examples", "records_frame", "run"]
@@ -67,16 +68,43 @@ def _split_parsed(parsed: pa.Table, ctx: Context, source: Source, part: str) -> 
     )
     if bad.num_rows:
         _tally(ctx.counts.rejected, bad.column(c.REASON))
-        write_part(_rejects_table(source, bad), ctx.dst / c.REJECTS_DIR / part)
+        ctx.write(_rejects_table(source, bad), ctx.dst / c.REJECTS_DIR / part)
     return parsed.filter(reason.is_null())
 
 
-def process_chunk(source: Source, raw: pa.Table, ctx: Context) -> None:
-    """Parse, preprocess, plan, assemble and write one chunk of one file; update the counts."""
+def _parsed_chunks(
+    sources: list[Source], ctx: Context, bar: Progress
+) -> Iterator[tuple[Source, pa.Table | UnreadableFile | None]]:
+    """(source, parsed chunk) in file order; an `UnreadableFile`, then None, ends each file.
+
+    Runs on the prefetch thread, so it has its own DuckDB connection, and it applies
+    `preprocessing.max_items` to the raw records (parsing keeps one row per record).
+    """
     cfg = ctx.config
     roles = [r for r in ctx.template.header if r != "text" or cfg.input_type == "text"]
-    with ctx.timed("parse"):
-        parsed = run_builder(ctx.con, raw, BUILDERS[cfg.input_type](roles=roles, **cfg.input_options))
+    query = BUILDERS[cfg.input_type](roles=roles, **cfg.input_options)
+    con = ctx.con.cursor()
+    budget = cfg.max_items
+    for source in sources:
+        if budget == 0:
+            return
+        try:
+            for raw in read_chunks(source, chunk_bytes=cfg.chunk_bytes, progress=bar.file_position):
+                if budget is not None:  # preprocessing.max_items: stop reading there
+                    raw = raw.slice(0, budget)
+                    budget -= raw.num_rows
+                    if raw.num_rows == 0:
+                        break
+                with ctx.timed("parse"):
+                    yield source, run_builder(con, raw, query)
+        except UnreadableFile as exc:
+            yield source, exc
+        yield source, None
+
+
+def process_chunk(source: Source, parsed: pa.Table, ctx: Context) -> None:
+    """Preprocess, plan, assemble and write one parsed chunk of one file; update the counts."""
+    cfg = ctx.config
     ctx.counts.read += parsed.num_rows
     part = f"part-{ctx.parts:05d}.parquet"
     ctx.parts += 1
@@ -121,17 +149,10 @@ def _write_examples(examples: pl.DataFrame, plan: pl.DataFrame, part: str, ctx: 
     turns = turns.with_columns(pl.col(st.TURN_LEN).alias(c.NUM_TOKENS))
     for split in sorted(examples[c.SPLIT].unique().to_list()):
         data_part = ctx.dst / c.DATA_DIR / split / part
-        write_part(
-            conform(
-                examples.filter(pl.col(c.SPLIT) == split).to_arrow(),
-                data_schema(weights=ctx.weights),
-            ),
-            data_part,
-        )
+        data = conform(examples.filter(pl.col(c.SPLIT) == split).to_arrow(), data_schema(weights=ctx.weights))
+        ctx.write(data, data_part)
         turns_part = ctx.dst / c.TURNS_DIR / split / part
-        write_part(
-            conform(turns.filter(pl.col(c.SPLIT) == split).to_arrow(), TURNS_SCHEMA), turns_part
-        )
+        ctx.write(conform(turns.filter(pl.col(c.SPLIT) == split).to_arrow(), TURNS_SCHEMA), turns_part)
         ctx.files += [str(data_part.relative_to(ctx.dst)), str(turns_part.relative_to(ctx.dst))]
 
 
@@ -147,7 +168,7 @@ def _reject_file(source: Source, exc: UnreadableFile, ctx: Context) -> None:
             c.RAW: [None],
         }
     )
-    write_part(
+    ctx.write(
         _rejects_table(source, table), ctx.dst / c.REJECTS_DIR / f"part-{ctx.parts:05d}.parquet"
     )
     ctx.parts += 1
@@ -168,21 +189,16 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     clear_previous_output(out)
     started = time.perf_counter()
-    with Progress(total_bytes=sum(s.path.stat().st_size for s in sources), enabled=progress) as bar:
-        for source in sources:
-            if config.max_items is not None and ctx.counts.read >= config.max_items:
-                break
-            try:
-                for raw in read_chunks(source, chunk_bytes=config.chunk_bytes, progress=bar.file_position):
-                    if config.max_items is not None:  # preprocessing.max_items: stop reading there
-                        raw = raw.slice(0, max(config.max_items - ctx.counts.read, 0))
-                        if raw.num_rows == 0:
-                            break
-                    process_chunk(source, raw, ctx)
-                    bar.update(ctx.counts.read, ctx.counts.tokens)
-            except UnreadableFile as exc:
-                _reject_file(source, exc, ctx)
-            bar.file_done(source.path.stat().st_size)
+    total_bytes = sum(s.path.stat().st_size for s in sources)
+    with ctx.writer(), Progress(total_bytes=total_bytes, enabled=progress) as bar:
+        for source, item in prefetch(_parsed_chunks(sources, ctx, bar)):
+            if item is None:
+                bar.file_done(source.path.stat().st_size)
+            elif isinstance(item, UnreadableFile):
+                _reject_file(source, item, ctx)
+            else:
+                process_chunk(source, item, ctx)
+                bar.update(ctx.counts.read, ctx.counts.tokens)
     counts = ctx.counts
     assert counts.read == counts.written + sum(counts.dropped.values()) + sum(
         counts.rejected.values()

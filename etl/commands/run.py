@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what to do with conversations longer than S (default drop_oldest_turns)")
     p.add_argument("--no-default-system", action="store_true", help="do not insert a system message when missing")
     p.add_argument("--engine", choices=["local"], default="local", help="execution engine (default local)")
-    p.add_argument("--chunk-mb", type=float, help="MiB of input per chunk (bounds memory; default 32)")
+    p.add_argument("--chunk-mb", type=float, help="MiB of input per chunk (bounds memory; default 16)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--timings", action="store_true", help="print wall seconds per pipeline stage")
 
