@@ -95,8 +95,9 @@ def _parsed_chunks(
                     budget -= raw.num_rows
                     if raw.num_rows == 0:
                         break
-                with ctx.timed("parse"):
-                    yield source, run_builder(con, raw, query)
+                with ctx.timed("parse"):  # on the prefetch thread: overlaps tokenizing
+                    parsed = run_builder(con, raw, query)
+                yield source, parsed
         except UnreadableFile as exc:
             yield source, exc
         yield source, None
