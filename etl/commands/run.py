@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=["local"], default="local", help="execution engine (default local)")
     p.add_argument("--chunk-mb", type=float, help="MiB of input per chunk (bounds memory; default 16)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
-    p.add_argument("--timings", action="store_true", help="print wall seconds per pipeline stage")
+    p.add_argument("--timings", action="store_true",
+                   help="print wall seconds per stage (parse runs on a background thread, overlapping tokenize)")
 
 
 def run(args: argparse.Namespace) -> int:
