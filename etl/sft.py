@@ -37,7 +37,9 @@ def serialize_chat_to_ids(
 
     Starts with `<|ngpt_sys|> ... <|ngpt_eot|>`: the example's own system message when its
     first message is a system message, else `default_system_text`. Every message becomes
-    `[ROLE] content [EOT]`. `tokenizer` needs `encode(text) -> list[int]` (content is always
+    `[ROLE] content [EOT]`. The seed's "SYS once" describes canonical input (an optional
+    system message first); a system message elsewhere is kept as a system turn where it is,
+    as Hugging Face chat templates render it, rather than dropped or merged. `tokenizer` needs `encode(text) -> list[int]` (content is always
     encoded as text) and `token_to_id(token) -> int` for the four special tokens.
     """
     eot = tokenizer.token_to_id(NGPT_EOT)

@@ -171,24 +171,29 @@ def test_serialize_uses_system_message_when_present(tok):
     assert not {100, 101, 102, 103, 104} & set(ids)  # default text not injected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="seed: 'SYS once, then alternating USR/ASST turns'; etl/sft.py only honours a system "
-    "message in first position, injects the default otherwise and then serializes the other "
-    "system message as a second SYS turn",
-)
 @pytest.mark.parametrize(
-    "ex",
+    "ex, expected",
     [
-        chat(("user", "hi there"), ("system", "be brief"), ("assistant", "hello")),
-        chat(("system", "be brief"), ("system", "be brief"), ("user", "hi"), ("assistant", "ok")),
+        (
+            chat(("user", "hi there"), ("system", "be brief"), ("assistant", "hello")),
+            [SYS, 100, 101, 102, 103, 104, EOT, USR, 110, 111, EOT, SYS, 130, 131, EOT, ASST, 120, EOT],
+        ),
+        (
+            chat(("system", "be brief"), ("system", "be brief"), ("user", "hi"), ("assistant", "ok")),
+            [SYS, 130, 131, EOT, SYS, 130, 131, EOT, USR, 110, EOT, ASST, 153, EOT],
+        ),
     ],
     ids=["system-not-first", "two-systems"],
 )
-def test_serialize_system_marker_exactly_once_for_misplaced_system(tok, ex):
+def test_serialize_misplaced_system_messages_stay_turns(tok, ex, expected):
+    # Decision (documented in etl/sft.py): the seed's "SYS once" holds for the canonical input
+    # (an optional system message first). A system message elsewhere is not dropped or merged:
+    # it stays a system turn where it was, as Hugging Face chat templates (Qwen2.5) render it,
+    # and it is never trained.
     ids = serialize(ex, tok)
     assert ids[0] == SYS
-    assert ids.count(SYS) == 1
+    assert ids == expected
+    assert not any(mask_of(ids)[i] for i, t in enumerate(ids) if t == SYS)
 
 
 # ---------------------------------------------------------------------------------------------
