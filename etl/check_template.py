@@ -97,7 +97,11 @@ class Reference:
         self.bos_id = self.raw.token_to_id(bos) if bos else None
 
     def encode(self, conversations: list[list[Message]]) -> list[list[int]]:
-        texts = [render(self.source, msgs, tokens=self.tokens) for msgs in conversations]
+        from tqdm import tqdm
+
+        # jinja2 renders one conversation at a time (a diagnostic, not a hot path): show progress.
+        rendering = tqdm(conversations, desc="check-template", unit="ex", disable=None, leave=False)
+        texts = [render(self.source, msgs, tokens=self.tokens) for msgs in rendering]
         return [e.ids for e in self.raw.encode_batch(texts, add_special_tokens=False)]
 
     def loose(self, ids: list[int]) -> list[int]:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 
 class Progress:
@@ -46,3 +47,15 @@ class Progress:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._bar.close()
+
+
+def rows_bar(files: list[Path], *, desc: str) -> Any:
+    """A tqdm bar over the rows of Parquet files (total from their footers; off when not a TTY).
+
+    For commands that stream row groups (`etl export`): call `.update(table.num_rows)`.
+    """
+    import pyarrow.parquet as pq
+    from tqdm import tqdm
+
+    total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    return tqdm(total=total, unit="rows", unit_scale=True, disable=None, desc=desc, dynamic_ncols=True)

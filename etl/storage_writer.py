@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from etl import columns as c
 from etl.errors import EtlError
 from etl.loader.ragged import Ragged, from_arrow  # numpy/pyarrow only; no torch
+from etl.progress import rows_bar
 from etl.storage_backends import BACKENDS, META_FILE, OFFSETS, SEQUENCE, Backend, clean
 
 _UNSAFE = re.compile(r'[\x00-\x1f\x7f/\\%:*?"<>|]')
@@ -171,6 +172,13 @@ def row_groups(
     files: list[Path], *, weights: bool
 ) -> Iterator[tuple[list[tuple[str, np.ndarray | None]], Ragged]]:
     """Each row group of the split as (domains, examples); memory: one row group at a time."""
+    with rows_bar(files, desc="etl export") as bar:
+        yield from _row_groups(files, weights=weights, bar=bar)
+
+
+def _row_groups(
+    files: list[Path], *, weights: bool, bar: Any
+) -> Iterator[tuple[list[tuple[str, np.ndarray | None]], Ragged]]:
     for path in files:
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names
@@ -186,6 +194,7 @@ def row_groups(
             rg = from_arrow(table.column(c.INPUT_IDS), table.column(c.LOSS_MASK), weight)
             if weights and rg.weight is None:  # a part written without weights: all weigh 1
                 rg = dataclasses.replace(rg, weight=np.ones(rg.ids.shape[0], np.float32))
+            bar.update(table.num_rows)
             yield domains_of(table), rg
 
 

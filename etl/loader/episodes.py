@@ -20,6 +20,7 @@ from etl.columns import DATA_DIR, INPUT_IDS, LOSS_MASK, SPLITS
 from etl.errors import EtlError
 from etl.loader.ragged import from_arrow
 from etl.manifest import read_manifest
+from etl.progress import rows_bar
 
 TOKENS_FILE, MASK_FILE, INDEX_FILE, META_FILE = (
     "tokens.bin",
@@ -35,11 +36,13 @@ def _export_split(files: list[Path], out: Path, *, mask: bool) -> dict[str, int]
     names = [TOKENS_FILE, INDEX_FILE] + ([MASK_FILE] if mask else [])
     handles = {n: open(out / f"{n}.tmp", "wb") for n in names}  # noqa: SIM115 (closed below)
     episodes = tokens = 0
+    bar = rows_bar(files, desc=f"etl export {out.name}")
     try:
         for path in files:
             pf = pq.ParquetFile(path)
             for g in range(pf.num_row_groups):
                 table = pf.read_row_group(g, columns=[INPUT_IDS, LOSS_MASK])
+                bar.update(table.num_rows)
                 rg = from_arrow(table.column(INPUT_IDS), table.column(LOSS_MASK))
                 if rg.ids.size and (rg.ids.min() < 0 or rg.ids.max() > np.iinfo(np.uint32).max):
                     raise EtlError(f"{path}: token ids outside uint32; episodes cannot hold them")
@@ -50,6 +53,7 @@ def _export_split(files: list[Path], out: Path, *, mask: bool) -> dict[str, int]
                 index.tofile(handles[INDEX_FILE])
                 episodes, tokens = episodes + len(rg), tokens + int(rg.ids.size)
     finally:
+        bar.close()
         for h in handles.values():
             h.close()
     for n in names:  # rename only after every file is complete
