@@ -32,6 +32,8 @@ stats: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/etl_throughput.py
+	$(BIN)/python bench/builders_throughput.py
+	$(BIN)/python bench/loader_throughput.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check etl tests bench
