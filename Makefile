@@ -36,7 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/loader_throughput.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check etl tests bench
+	$(BIN)/ruff check etl tests bench examples
 
 clean:
 	rm -rf $(VENV) parquet/ .pytest_cache
