@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import importlib
 import pkgutil
 import sys
@@ -57,3 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"etl {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug, not a user error: one line, the traceback on request
+        if os.environ.get("ETL_DEBUG"):
+            raise
+        print(
+            f"etl {args.command}: internal error: {type(exc).__name__}: {exc} "
+            "(set ETL_DEBUG=1 for the traceback, and please report it)",
+            file=sys.stderr,
+        )
+        return 1
