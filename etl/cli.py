@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 import importlib
+import os
 import pkgutil
 import sys
 from types import ModuleType
