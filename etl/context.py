@@ -68,8 +68,18 @@ class Context:
     timings: Counter[str] = field(default_factory=Counter)
     _pool: ThreadPoolExecutor | None = None
     _pending: list[Future[Path]] = field(default_factory=list)
-    parts: int = 0
+    parts: Counter[str] = field(default_factory=Counter)
     files: list[str] = field(default_factory=list)
+
+    def part_path(self, folder: str) -> Path:
+        """The next part file of a folder of DST, numbered densely from part-00000 per folder.
+
+        Dense numbering means `data/train/part-00000.parquet` exists whenever the split has
+        rows, whichever chunk they came from.
+        """
+        number = self.parts[folder]
+        self.parts[folder] += 1
+        return self.dst / folder / f"part-{number:05d}.parquet"
 
     @contextlib.contextmanager
     def writer(self) -> Iterator[None]:

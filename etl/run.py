@@ -57,7 +57,7 @@ def _tally(counter: Counter[str], reasons: pa.Array | pa.ChunkedArray) -> None:
         counter[item["values"]] += item["counts"]
 
 
-def _split_parsed(parsed: pa.Table, ctx: Context, source: Source, part: str) -> pa.Table:
+def _split_parsed(parsed: pa.Table, ctx: Context, source: Source) -> pa.Table:
     """Count and write rejects, count builder drops; return the good rows."""
     reason = parsed.column(c.REASON)
     is_drop = pc.fill_null(pc.starts_with(reason, DROP_PREFIX), False)
@@ -68,7 +68,7 @@ def _split_parsed(parsed: pa.Table, ctx: Context, source: Source, part: str) -> 
     )
     if bad.num_rows:
         _tally(ctx.counts.rejected, bad.column(c.REASON))
-        ctx.write(_rejects_table(source, bad), ctx.dst / c.REJECTS_DIR / part)
+        ctx.write(_rejects_table(source, bad), ctx.part_path(c.REJECTS_DIR))
     return parsed.filter(reason.is_null())
 
 
@@ -107,9 +107,7 @@ def process_chunk(source: Source, parsed: pa.Table, ctx: Context) -> None:
     """Preprocess, plan, assemble and write one parsed chunk of one file; update the counts."""
     cfg = ctx.config
     ctx.counts.read += parsed.num_rows
-    part = f"part-{ctx.parts:05d}.parquet"
-    ctx.parts += 1
-    good = _split_parsed(parsed, ctx, source, part)
+    good = _split_parsed(parsed, ctx, source)
     if good.num_rows == 0:
         return
     draws = np.zeros(good.num_rows)
@@ -135,10 +133,10 @@ def process_chunk(source: Source, parsed: pa.Table, ctx: Context) -> None:
     )
     _tally(ctx.counts.dropped, dropped["why"].drop_nulls().to_arrow())
     with ctx.timed("write"):
-        _write_examples(dropped.filter(pl.col("why").is_null()), plan, part, ctx)
+        _write_examples(dropped.filter(pl.col("why").is_null()), plan, ctx)
 
 
-def _write_examples(examples: pl.DataFrame, plan: pl.DataFrame, part: str, ctx: Context) -> None:
+def _write_examples(examples: pl.DataFrame, plan: pl.DataFrame, ctx: Context) -> None:
     counts = ctx.counts
     counts.written += examples.height
     counts.truncated += int(examples[c.TRUNCATED].sum())
@@ -149,10 +147,10 @@ def _write_examples(examples: pl.DataFrame, plan: pl.DataFrame, part: str, ctx: 
     )
     turns = turns.with_columns(pl.col(st.TURN_LEN).alias(c.NUM_TOKENS))
     for split in sorted(examples[c.SPLIT].unique().to_list()):
-        data_part = ctx.dst / c.DATA_DIR / split / part
+        data_part = ctx.part_path(f"{c.DATA_DIR}/{split}")
         data = conform(examples.filter(pl.col(c.SPLIT) == split).to_arrow(), data_schema(weights=ctx.weights))
         ctx.write(data, data_part)
-        turns_part = ctx.dst / c.TURNS_DIR / split / part
+        turns_part = ctx.part_path(f"{c.TURNS_DIR}/{split}")
         ctx.write(conform(turns.filter(pl.col(c.SPLIT) == split).to_arrow(), TURNS_SCHEMA), turns_part)
         ctx.files += [str(data_part.relative_to(ctx.dst)), str(turns_part.relative_to(ctx.dst))]
 
@@ -170,9 +168,8 @@ def _reject_file(source: Source, exc: UnreadableFile, ctx: Context) -> None:
         }
     )
     ctx.write(
-        _rejects_table(source, table), ctx.dst / c.REJECTS_DIR / f"part-{ctx.parts:05d}.parquet"
+        _rejects_table(source, table), ctx.part_path(c.REJECTS_DIR)
     )
-    ctx.parts += 1
 
 
 def run(

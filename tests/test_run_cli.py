@@ -240,3 +240,19 @@ def test_output_inside_the_input_folder_is_not_read_back(tmp_path: Path) -> None
     for _ in range(2):
         assert main(["run", str(raw), str(raw / "out"), "--quiet"]) == 0
     assert read_manifest(raw / "out")["counts"]["read"] == 1
+
+
+def test_part_files_are_numbered_densely_per_folder(tmp_path: Path) -> None:
+    # The first chunk holds only bad records and the val split starts later: every folder
+    # still begins at part-00000, so readers of the documented layout find it.
+    raw = tmp_path / "raw"
+    (raw).mkdir()
+    (raw / "a_bad.jsonl").write_text("{bad\n")
+    write_jsonl(raw / "b_good.jsonl", [chat(("user", str(i)), ("assistant", "x")) for i in range(40)])
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"split": {"val_fraction": 0.3}}))
+    out = tmp_path / "out"
+    assert main(["run", str(raw), str(out), "--config", str(cfg), "--quiet"]) == 0
+    for folder in ("data/train", "data/val", "turns/train", "turns/val", "_rejects"):
+        names = sorted(p.name for p in (out / folder).glob("*.parquet"))
+        assert names == [f"part-{i:05d}.parquet" for i in range(len(names))], folder
