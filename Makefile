@@ -5,11 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SRC ?= examples/raw/
 DST ?= parquet/
-SEQ_LEN ?= 2048
-TOKENIZER ?= bytes
-TEMPLATE ?= ngpt
+# Unset variables pass no flag, so a CONFIG file's tokenizer/template/seq_len stay in force
+# (defaults: the built-in byte tokenizer, the ngpt template, S = 2048).
+SEQ_LEN ?=
+TOKENIZER ?=
+TEMPLATE ?=
 CONFIG ?=
-ETL_FLAGS = --tokenizer $(TOKENIZER) --template $(TEMPLATE) --seq-len $(SEQ_LEN) $(if $(CONFIG),--config $(CONFIG),)
+ETL_FLAGS = $(if $(CONFIG),--config $(CONFIG)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)) \
+	$(if $(TEMPLATE),--template $(TEMPLATE)) $(if $(SEQ_LEN),--seq-len $(SEQ_LEN))
 
 .PHONY: venv etl test stats bench lint clean
 
