@@ -50,9 +50,11 @@ checked as (
         case when errs[err_at] in ('bad_content_part', 'unsupported_content') then list_position(
             list_transform(ps[err_at].parts, lambda q: ({part_error}) is not null), true) end as part_at,
         case when {sys_is_string} and sys <> '""' then sys ->> '$' end as sys_text,
-        case when tools is null or tools in ('""', '[]', '{{}}') then null
-            when starts_with(tools, '"') then $tools_prefix || (tools ->> '$')
-            else $tools_prefix || tools end as tools_text,
+        -- An empty tool list is no tools, whether it is JSON ([]) or a JSON string of JSON
+        -- ("[]", as glaive stores it): decode a string first, then compare the trimmed text.
+        case when starts_with(tools, '"') then trim(tools ->> '$') else tools::varchar end as tools_raw,
+        case when tools_raw is null or tools_raw in ('', '[]', '{{}}') then null
+            else $tools_prefix || tools_raw end as tools_text,
         coalesce(ps[1].role = 'system', false) as has_system,
         not has_system and coalesce(sys_text, tools_text) is not null as add_system
     from parsed
