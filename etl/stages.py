@@ -129,11 +129,14 @@ def mark_training(turns: pl.LazyFrame, opts: MaskOptions) -> pl.LazyFrame:
     """Per-turn flags: is the header / content / end-of-turn of this turn trained?
 
     Role rules give the default; a message's own `train` field overrides it (seed 004 /
-    LLaMA-Factory style), and `last_assistant_only` / the end-of-turn policy narrow it.
+    LLaMA-Factory style), a weight of 0 turns it off, and `last_assistant_only` / the
+    end-of-turn policy narrow it.
     """
     is_assistant = pl.col(ROLE) == "assistant"
     last_assistant = pl.when(is_assistant).then(pl.col(TURN_INDEX)).max().over(CONV)
     trains = pl.coalesce(pl.col(MSG_TRAIN), pl.col(ROLE).is_in(list(opts.train_roles)))
+    # A message weighted 0 carries no loss (LLaMA-Factory's loss_weight): it is not trained.
+    trains = trains & (pl.col(MSG_WEIGHT).is_null() | (pl.col(MSG_WEIGHT) != 0))
     if opts.last_assistant_only:
         trains = trains & (~is_assistant | (pl.col(TURN_INDEX) == last_assistant))
     end = {

@@ -66,6 +66,14 @@ def test_per_message_weight_becomes_loss_weight(tmp_path: Path) -> None:
     assert row["loss_weight"] == [0, 0, 0, 0, 0.5, 0.5, 0, 0, 0, 0, 1, 1]
 
 
+def test_weight_zero_means_not_trained(tmp_path: Path) -> None:
+    conv = [dict(m) for m in CONV]
+    conv[1]["weight"] = 0.0
+    row = run(tmp_path, conv=conv, input_options={"weight_key": "weight"})
+    assert row["loss_mask"] == [F, F, F, F, F, F, F, F, F, F, T, T]
+    assert row["num_trained"] == 2 and row["loss_weight"] == [0] * 10 + [1, 1]
+
+
 def test_default_system_is_inserted(tmp_path: Path) -> None:
     row = run(tmp_path, default_system="s")
     assert row["input_ids"] == [SYS, 115, E] + IDS

@@ -33,6 +33,11 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
+# `collate` names both a submodule and its main function: importing the submodule (which any
+# user of the loader does) would set the package attribute to the module and shadow the lazy
+# lookup below, so the function is bound here, eagerly. collate.py needs numpy only, not torch.
+from etl.loader.collate import collate as collate
+
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:

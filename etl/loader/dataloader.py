@@ -7,6 +7,7 @@ the loader counts the batches it has actually handed out and that count is what 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -67,7 +68,8 @@ class ParquetLoader:
         device: where batches go; ``cuda`` pins memory and copies without blocking.
         cache_row_groups: decoded row groups always kept per worker (at least ``shuffle_window``).
         cache_mb: more row groups are kept while they fit in this budget (per worker).
-        weights: also deliver ``loss_weight`` when the data has it.
+        weights: deliver ``loss_weight`` when the data has it; None (default) does so whenever
+            the column exists (per-message weights are part of the data), False ignores it.
     """
 
     def __init__(
@@ -96,7 +98,7 @@ class ParquetLoader:
         device: str | torch.device = "cpu",
         cache_row_groups: int = 8,
         cache_mb: float = 256,
-        weights: bool = False,
+        weights: bool | None = None,
     ):
         _check_choice("sampler", sampler, sorted(SAMPLERS))
         _check_choice("collate", collate, sorted(COLLATE_FNS))
@@ -110,6 +112,15 @@ class ParquetLoader:
         self.seq_len = int(seq_len or manifest.get("seq_len") or 0)
         if self.seq_len < 2:
             raise EtlError("no seq_len: pass seq_len=S (S = T + 1) or rerun `etl run --seq-len`")
+        if manifest.get("seq_len") and self.seq_len < int(manifest["seq_len"]):
+            # etl run truncated whole turns to its S; cutting again here is token-level and can
+            # leave rows with nothing trained (an all -100 batch makes cross-entropy NaN).
+            warnings.warn(
+                f"seq_len={self.seq_len} is below the S={manifest['seq_len']} that `etl run` "
+                f"used; rows are cut token-wise ({truncation}). Rerun `etl run --seq-len "
+                f"{self.seq_len}` to truncate by whole turns instead.",
+                stacklevel=2,
+            )
         self.pad_id = resolve_pad_id(pad_id, manifest)
         self.rank, self.world_size = _rank_world(rank, world_size)
         self.device = resolve_device(device)
@@ -194,3 +205,7 @@ class ParquetLoader:
         """Resume at exactly the next batch after the one the saved state had delivered."""
         self.sampler.load_state_dict(state)
         self.epoch, self.position = self.sampler.epoch, self.sampler.position
+        if self.position >= len(self.sampler.batches(self.epoch)):
+            # Saved after the epoch's last batch: the next batch is the next epoch's first, so
+            # the resumed loop does not spend an iteration on an empty epoch.
+            self.epoch, self.position = self.epoch + 1, 0

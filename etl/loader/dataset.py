@@ -37,7 +37,8 @@ class ParquetDataset(torch.utils.data.Dataset):
         cache_row_groups: decoded row groups always kept per process (~5 bytes per token).
         cache_mb: keep more row groups while they fit in this many MiB (per process, so per
             DataLoader worker): a split that fits is read once, whatever the shuffle.
-        weights: also read ``loss_weight`` when the data has it.
+        weights: read ``loss_weight`` when the data has it; None (default) does so whenever
+            the column exists, False ignores it.
     """
 
     def __init__(
@@ -48,7 +49,7 @@ class ParquetDataset(torch.utils.data.Dataset):
         min_tokens: int = 2,
         cache_row_groups: int = 8,
         cache_mb: float = 256,
-        weights: bool = False,
+        weights: bool | None = None,
     ):
         self.dst, self.split = Path(dst), split
         self.manifest: dict[str, Any] = read_manifest(dst)
@@ -62,7 +63,7 @@ class ParquetDataset(torch.utils.data.Dataset):
         self.cache_bytes = int(cache_mb * 2**20)
         schema = pq.read_schema(self.files[0])
         self.columns = [INPUT_IDS, LOSS_MASK]
-        if weights and LOSS_WEIGHT in schema.names:
+        if weights is not False and LOSS_WEIGHT in schema.names:
             self.columns.append(LOSS_WEIGHT)
         missing = [c for c in (INPUT_IDS, LOSS_MASK) if c not in schema.names]
         if missing:

@@ -85,6 +85,26 @@ def test_epochs_advance_and_set_epoch_replays(dst: Path) -> None:
     assert [b["x"].tolist() for b in loader] == [b["x"].tolist() for b in e0]
 
 
+def test_state_saved_after_an_epochs_last_batch_resumes_at_the_next_epoch(dst: Path) -> None:
+    loader = ParquetLoader(dst, batch_size=10, seed=2)
+    e0 = []
+    for batch in loader:  # a training loop that checkpoints after every step
+        e0.append(batch["x"].tolist())
+        state = loader.state_dict()
+    e1 = [b["x"].tolist() for b in loader]
+    resumed = ParquetLoader(dst, batch_size=10, seed=2)
+    resumed.load_state_dict(state)  # saved after epoch 0's last batch
+    assert resumed.epoch == 1 and [b["x"].tolist() for b in resumed] == e1 != e0
+
+
+def test_collate_is_the_function_not_its_module() -> None:
+    import etl.loader.collate  # noqa: F401 (importing the submodule must not shadow the name)
+    from etl.loader import collate
+    from etl.torch import collate as via_torch
+
+    assert callable(collate) and collate is via_torch and collate.__name__ == "collate"
+
+
 def test_break_mid_epoch_then_continue_delivers_each_batch_once(dst: Path) -> None:
     full = [b["x"].tolist() for b in ParquetLoader(dst, batch_size=4, seed=5, num_workers=2)]
     loader = ParquetLoader(dst, batch_size=4, seed=5, num_workers=2)

@@ -85,12 +85,12 @@ def test_pickled_copy_starts_with_an_empty_cache(dst: Path) -> None:
     assert rows_of(copy.__getitems__([3, 1])) == rows_of(before)
 
 
-def test_loss_weight_column_is_read_when_asked(tmp_path: Path) -> None:
+def test_loss_weight_column_is_read_unless_turned_off(tmp_path: Path) -> None:
     examples = [([1, 2, 3], [False, True, True]), ([4, 5], [False, True])]
     root = write_dst(tmp_path / "w", {"train": examples}, weights={"train": [[0, 1, 2], [0, 3]]})
-    assert LOSS_WEIGHT not in ParquetDataset(root)[0]
-    item = ParquetDataset(root, weights=True)[1]
-    assert item[LOSS_WEIGHT].tolist() == [0.0, 3.0]
+    assert ParquetDataset(root)[1][LOSS_WEIGHT].tolist() == [0.0, 3.0]  # default: when present
+    assert LOSS_WEIGHT not in ParquetDataset(root, weights=False)[0]
+    assert ParquetDataset(root, weights=True)[1][LOSS_WEIGHT].tolist() == [0.0, 3.0]
 
 
 def test_clear_errors(dst: Path, tmp_path: Path) -> None:
