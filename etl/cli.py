@@ -49,12 +49,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
+
     except EtlError as exc:
         print(f"etl {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         print(f"etl {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `etl stats DST | head`: the reader left; that is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(f"etl {args.command}: interrupted", file=sys.stderr)
         return 130

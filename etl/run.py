@@ -197,6 +197,8 @@ def run(
             else:
                 process_chunk(source, item, ctx)
                 bar.update(ctx.counts.read, ctx.counts.tokens)
+        if not ctx.parts[c.REJECTS_DIR]:  # DESIGN §4 lists _rejects/part-00000: present, empty
+            ctx.write(REJECTS_SCHEMA.empty_table(), ctx.part_path(c.REJECTS_DIR))
     counts = ctx.counts
     assert counts.read == counts.written + sum(counts.dropped.values()) + sum(
         counts.rejected.values()

@@ -36,7 +36,8 @@ class TinyLM(torch.nn.Module):
 
 
 def train(
-    dst: str, *, steps: int, batch_size: int, seq_len: int, lr: float, seed: int, checkpoint: str | None = None
+    dst: str, *, steps: int, batch_size: int, seq_len: int | None, lr: float, seed: int,
+    checkpoint: str | None = None,
 ) -> list[float]:
     """Train for `steps` batches (cycling epochs); returns the loss of every step."""
     torch.manual_seed(seed)
@@ -65,7 +66,7 @@ def main() -> int:
     p.add_argument("dst", help="output folder of `etl run`")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=257, help="S = T + 1 (default 257: T = 256)")
+    p.add_argument("--seq-len", type=int, default=None, help="S = T + 1 (default: the S of the run)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", help="save model, optimizer and loader state here at the end")

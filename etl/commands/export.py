@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from etl.columns import DATA_DIR, SPLITS
+from etl.errors import EtlError
 
 NAME = "export"
 HELP = "Export tokenized Parquet to another layout (episodes: seed 002 tokens/mask/idx files)."
@@ -93,6 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Export and print one line per split written."""
+    if args.out.exists() and not args.out.is_dir():
+        raise EtlError(f"OUT {args.out} is a file; pass a folder to export into")
+    if args.max_tokens_per_shard is not None and args.max_tokens_per_shard < 1:
+        raise EtlError(f"--max-tokens-per-shard must be >= 1, got {args.max_tokens_per_shard}")
     extra = {"max_tokens_per_shard": args.max_tokens_per_shard} if args.format != "episodes" else {}
     counts = FORMATS[args.format](
         args.dst, args.out, splits=tuple(args.splits), mask=not args.no_mask, **extra

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plain or not (args.color or sys.stdout.isatty()):
         sys.stdout.write(render_plain(example, turns, strings, token_sep=args.token_sep))
         return 0
-    from rich.console import Console
+    from etl.console import console as Console
 
     special = {int(i) for i in (manifest.get("special_ids") or {}).values()}
     console = Console(force_terminal=True if args.color else None, highlight=False)

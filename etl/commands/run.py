@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", help="output directory (previous etl output there is replaced)")
     p.add_argument("--config", help="JSON or TOML config file (seed-004 schema); flags override it")
     p.add_argument("--tokenizer", help="`bytes` (built-in, default), a tokenizer.json, or a HF model directory")
-    p.add_argument("--template", help="ngpt (default), post_training, chatml, llama3, phi3")
+    p.add_argument("--template", help="ngpt (default), post_training, chatml, llama3, phi3, or hf "
+                   "(derived from the tokenizer's chat_template)")
     p.add_argument("--seq-len", type=int, help=f"S, the longest input_ids an example keeps (default {DEFAULT_SEQ_LEN})")
     p.add_argument("--truncation", choices=["drop_oldest_turns", "keep_prefix", "right", "drop"],
                    help="what to do with conversations longer than S (default drop_oldest_turns)")

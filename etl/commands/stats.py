@@ -93,8 +93,9 @@ def _print_csv(table: Any) -> None:
 
 def _print_tables(tables: dict[str, Any], *, limit: int) -> None:
     import pyarrow as pa
-    from rich.console import Console
     from rich.table import Table
+
+    from etl.console import console as Console
 
     # Piped output gets a wide fixed width: rich's default of 80 squeezes 10-column tables.
     console = Console(width=None if sys.stdout.isatty() else 200)

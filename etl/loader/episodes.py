@@ -86,6 +86,13 @@ def export_episodes(
     """
     manifest = read_manifest(dst)
     out = Path(out)
+    # A re-export into the same OUT: meta.json goes first (a half-written export never looks
+    # finished), and a split folder this export does not write must not survive from the last.
+    (out / META_FILE).unlink(missing_ok=True)
+    for stale in SPLITS:
+        if stale not in splits or not (Path(dst) / DATA_DIR / stale).is_dir():
+            for name in (TOKENS_FILE, MASK_FILE, INDEX_FILE):
+                (out / stale / name).unlink(missing_ok=True)
     counts: dict[str, dict[str, int]] = {}
     for split in splits:
         files = sorted((Path(dst) / DATA_DIR / split).glob("*.parquet"))
