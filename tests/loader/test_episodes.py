@@ -341,3 +341,25 @@ def test_xml_defaults_and_errors() -> None:
         TrainingConfig.from_xml("<config/>")
     with pytest.raises(EtlError, match="cannot read"):
         TrainingConfig.from_xml("<training>")
+
+
+def test_reexport_into_the_same_out_drops_splits_it_did_not_write(tmp_path: Path) -> None:
+    both = write_dst(
+        tmp_path / "both", {"train": random_examples(5, seed=1), "val": random_examples(3, seed=2)}
+    )
+    only_train = write_dst(tmp_path / "train", {"train": random_examples(4, seed=3)})
+    out = tmp_path / "ep"
+    assert main(["export", str(both), str(out), "--format", "episodes"]) == 0
+    assert (out / "val" / "tokens.bin").exists()
+    assert main(["export", str(only_train), str(out), "--format", "episodes"]) == 0
+    assert not (out / "val" / "tokens.bin").exists()  # an old val must not pass for this data's
+    assert set(json.loads((out / "meta.json").read_text())["splits"]) == {"train"}
+
+
+def test_export_into_a_file_is_one_clear_line(
+    episodes: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "a_file"
+    target.write_text("x")
+    assert main(["export", str(episodes.parent), str(target), "--format", "episodes"]) == 2
+    assert "is a file; pass a folder" in capsys.readouterr().err
