@@ -110,13 +110,12 @@ def _drop_oldest_units(
 
     A unit starts at each user turn (turns before the first user turn form a unit of their
     own, which keeps imperfect alternation robust). The unit holding the final assistant turn,
-    and everything after it, is never dropped.
+    and everything after it, is never dropped; the fit test counts up to that turn's end.
     """
     body = segs[1:] if segs and segs[0][2] == "system" else segs
     if not body:
         return ids, mask
     head_end = body[0][0]
-    tail_start = body[-1][1]
     units: list[list[tuple[int, int, str]]] = []
     for seg in body:
         if not units or seg[2] == "user":
@@ -124,10 +123,13 @@ def _drop_oldest_units(
         units[-1].append(seg)
     asst_units = [k for k, unit in enumerate(units) if any(s[2] == "assistant" for s in unit)]
     protected = asst_units[-1] if asst_units else len(units) - 1
-    lengths = [unit[-1][1] - unit[0][0] for unit in units]
-    fixed = head_end + (len(ids) - tail_start)
+    # What must fit: the head plus everything up to the final assistant end-of-turn. Turns
+    # after it carry no loss and the hard cut removes them when they do not fit, so counting
+    # them here would drop older trained pairs for nothing.
+    asst_ends = [e for _, e, role in body if role == "assistant"]
+    end = asst_ends[-1] if asst_ends else len(ids)
     drop = 0
-    while drop < protected and fixed + sum(lengths[drop:]) > S:
+    while drop < protected and head_end + (end - units[drop][0][0]) > S:
         drop += 1
     keep_from = units[drop][0][0]
     return ids[:head_end] + ids[keep_from:], mask[:head_end] + mask[keep_from:]

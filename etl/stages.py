@@ -42,7 +42,9 @@ class MaskOptions:
     train_header: bool | None = None  # None: the template's default (seed 001's trains the marker)
     eot: str = "turn"  # turn | last | all | none
     last_assistant_only: bool = False
-    require_complete_user: bool = False  # seed 001: an assistant turn trains only after a whole user turn
+    require_complete_user: bool = (
+        False  # seed 001: an assistant turn trains only after a whole user turn
+    )
 
 
 def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
@@ -52,8 +54,14 @@ def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
     """
     fields = records.collect_schema()["messages"].inner.fields  # type: ignore[attr-defined]
     names = {f.name for f in fields}
-    train = pl.col(MSG_TRAIN) if MSG_TRAIN in names else pl.lit(None, dtype=pl.Boolean).alias(MSG_TRAIN)
-    weight = pl.col(MSG_WEIGHT) if MSG_WEIGHT in names else pl.lit(None, dtype=pl.Float64).alias(MSG_WEIGHT)
+    train = (
+        pl.col(MSG_TRAIN) if MSG_TRAIN in names else pl.lit(None, dtype=pl.Boolean).alias(MSG_TRAIN)
+    )
+    weight = (
+        pl.col(MSG_WEIGHT)
+        if MSG_WEIGHT in names
+        else pl.lit(None, dtype=pl.Float64).alias(MSG_WEIGHT)
+    )
     return (
         records.select(
             pl.col(CONV),
@@ -63,7 +71,12 @@ def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
         .explode(["messages", TURN_INDEX])
         .unnest("messages")
         .select(
-            CONV, TURN_INDEX, ROLE, CONTENT, train.cast(pl.Boolean), weight.cast(pl.Float64),
+            CONV,
+            TURN_INDEX,
+            ROLE,
+            CONTENT,
+            train.cast(pl.Boolean),
+            weight.cast(pl.Float64),
             pl.lit(False).alias(INJECTED),
         )
     )
@@ -73,17 +86,14 @@ def add_default_system(turns: pl.LazyFrame, *, enabled: bool) -> pl.LazyFrame:
     """Seed 000: a conversation without a leading system turn gets one (content filled later)."""
     if not enabled:
         return turns
-    missing = (
-        turns.filter((pl.col(TURN_INDEX) == 0) & (pl.col(ROLE) != "system"))
-        .select(
-            pl.col(CONV),
-            pl.lit(-1, dtype=pl.Int32).alias(TURN_INDEX),
-            pl.lit("system").alias(ROLE),
-            pl.lit("").alias(CONTENT),
-            pl.lit(None, dtype=pl.Boolean).alias(MSG_TRAIN),
-            pl.lit(None, dtype=pl.Float64).alias(MSG_WEIGHT),
-            pl.lit(True).alias(INJECTED),
-        )
+    missing = turns.filter((pl.col(TURN_INDEX) == 0) & (pl.col(ROLE) != "system")).select(
+        pl.col(CONV),
+        pl.lit(-1, dtype=pl.Int32).alias(TURN_INDEX),
+        pl.lit("system").alias(ROLE),
+        pl.lit("").alias(CONTENT),
+        pl.lit(None, dtype=pl.Boolean).alias(MSG_TRAIN),
+        pl.lit(None, dtype=pl.Float64).alias(MSG_WEIGHT),
+        pl.lit(True).alias(INJECTED),
     )
     return (
         pl.concat([turns, missing], how="vertical")
@@ -92,7 +102,9 @@ def add_default_system(turns: pl.LazyFrame, *, enabled: bool) -> pl.LazyFrame:
     )
 
 
-def tokenize_contents(turns: pl.LazyFrame, *, encode: Encoder, system_ids: list[int]) -> pl.LazyFrame:
+def tokenize_contents(
+    turns: pl.LazyFrame, *, encode: Encoder, system_ids: list[int]
+) -> pl.LazyFrame:
     """Content -> ids in one batched tokenizer call; the injected system text is encoded once."""
 
     def encode_series(content: pl.Series) -> pl.Series:
@@ -101,10 +113,7 @@ def tokenize_contents(turns: pl.LazyFrame, *, encode: Encoder, system_ids: list[
     return turns.with_columns(
         pl.when(pl.col(INJECTED))
         .then(pl.lit(pl.Series([system_ids], dtype=pl.List(pl.Int32))))
-        .otherwise(
-            pl.col(CONTENT)
-            .map_batches(encode_series, return_dtype=pl.List(pl.Int32))
-        )
+        .otherwise(pl.col(CONTENT).map_batches(encode_series, return_dtype=pl.List(pl.Int32)))
         .alias(CONTENT_IDS)
     ).drop(CONTENT)
 
@@ -120,7 +129,9 @@ def attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFra
             pl.col(SEP_IDS).list.len().cast(pl.Int32).alias(SEP_LEN),
         )
         .with_columns(
-            (pl.col(HEADER_LEN) + pl.col(CONTENT_LEN) + pl.col(END_LEN) + pl.col(SEP_LEN)).alias(TURN_LEN)
+            (pl.col(HEADER_LEN) + pl.col(CONTENT_LEN) + pl.col(END_LEN) + pl.col(SEP_LEN)).alias(
+                TURN_LEN
+            )
         )
     )
 
@@ -169,7 +180,12 @@ def require_complete_user(turns: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def plan_truncation(
-    turns: pl.LazyFrame, *, seq_len: int, bos_len: int, eos_len: int, policy: str = "drop_oldest_turns"
+    turns: pl.LazyFrame,
+    *,
+    seq_len: int,
+    bos_len: int,
+    eos_len: int,
+    policy: str = "drop_oldest_turns",
 ) -> pl.LazyFrame:
     """Decide which whole turns stay (`keep_whole`) and the kept window (`CUT`, `WINDOW`).
 
@@ -197,15 +213,18 @@ def plan_truncation(
     # so running sums are materialized as columns first.
     full = fixed + pl.col(TURN_LEN).sum().over(CONV)
     keep_whole = {
-        "drop_oldest_turns": is_head | (pl.col(UNIT) >= protected) | (head_len + pl.col("tail").max().over([CONV, UNIT]) <= seq_len),
+        "drop_oldest_turns": is_head
+        | (pl.col(UNIT) >= protected)
+        | (head_len + pl.col("tail").max().over([CONV, UNIT]) - pl.col("after_final") <= seq_len),
         "keep_prefix": is_head | (fixed + pl.col("upto").max().over([CONV, UNIT]) <= seq_len),
         "right": pl.lit(True),
         "drop": pl.lit(True),
     }[policy]
     first_unit = pl.when(~is_head).then(pl.col(UNIT)).min().over(CONV)
     drop_reason = {
-        "keep_prefix": pl.when(~(pl.col("keep_whole") & (pl.col(UNIT) == first_unit)).any().over(CONV))
-        .then(pl.lit("first_pair_too_long")),
+        "keep_prefix": pl.when(
+            ~(pl.col("keep_whole") & (pl.col(UNIT) == first_unit)).any().over(CONV)
+        ).then(pl.lit("first_pair_too_long")),
         "drop": pl.when(full > seq_len).then(pl.lit("too_long")),
     }.get(policy, pl.lit(None, dtype=pl.String))
     keep_len = pl.when(pl.col("keep_whole")).then(pl.col(TURN_LEN)).otherwise(0)
@@ -229,6 +248,28 @@ def plan_truncation(
             unit.cast(pl.Int32).alias(UNIT),
             pl.col(TURN_LEN).cum_sum(reverse=True).over(CONV).alias("tail"),
             pl.col(TURN_LEN).cum_sum().over(CONV).alias("upto"),
+            last_assistant.alias("last_asst"),
+        )
+        # What the fit test leaves out: everything after the final assistant end-of-turn (its
+        # separator, later turns, EOS). Those carry no loss and the hard cut drops them when
+        # they do not fit, so counting them would drop older trained pairs for nothing.
+        .with_columns(
+            pl.when(pl.col("last_asst").is_null())
+            .then(0)
+            .otherwise(
+                pl.when(pl.col(TURN_INDEX) > pl.col("last_asst"))
+                .then(pl.col(TURN_LEN))
+                .otherwise(0)
+                .sum()
+                .over(CONV)
+                + pl.when(pl.col(TURN_INDEX) == pl.col("last_asst"))
+                .then(pl.col(SEP_LEN))
+                .otherwise(0)
+                .sum()
+                .over(CONV)
+                + eos_len
+            )
+            .alias("after_final")
         )
         .with_columns(keep_whole.alias("keep_whole"))
         .with_columns(
@@ -284,7 +325,9 @@ def plan_turns(
     turns = tokenize_contents(turns, encode=encode, system_ids=system_ids or [])
     turns = attach_template(turns, role_table)
     turns = mark_training(turns, mask)
-    turns = plan_truncation(turns, seq_len=seq_len, bos_len=bos_len, eos_len=eos_len, policy=truncation)
+    turns = plan_truncation(
+        turns, seq_len=seq_len, bos_len=bos_len, eos_len=eos_len, policy=truncation
+    )
     if mask.require_complete_user:
         turns = require_complete_user(turns)
     return place_turns(turns)

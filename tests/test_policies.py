@@ -127,3 +127,13 @@ def test_post_training_template_trains_the_marker_and_appends_eos(tmp_path: Path
     row = examples.row(0, named=True)
     assert row["input_ids"] == [257, 97, 259, 258, 98, 259, 260]
     assert row["loss_mask"] == [F, F, F, T, T, T, F]
+
+
+def test_a_trailing_user_turn_does_not_cost_an_older_pair(tmp_path: Path) -> None:
+    # U a E A b E U c E A d E | U eeeeeeee E: 22 tokens, S = 12. Everything up to the final
+    # assistant end-of-turn fits, so no pair is dropped; the trailing (untrained) turn is cut.
+    conv = [*CONV, {"role": "user", "content": "e" * 8}]
+    row = run(tmp_path, conv=conv, seq_len=12)
+    assert row["input_ids"] == IDS
+    assert row["loss_mask"] == [F, F, F, F, T, T, F, F, F, F, T, T]
+    assert row["num_turns_dropped"] == 1 and row["truncated"] is True

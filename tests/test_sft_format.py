@@ -609,10 +609,15 @@ def test_prop_pack(conv, S):
         assert got_mask == mask + [False] * (S - len(ids))
         return
 
-    # rule 1: drop whole oldest user+assistant pairs until it fits (never the final pair)
-    for k in range(1, len(pair_segs)):
-        cand_ids, cand_mask = _join(sys_seg, *pair_segs[k:], trail_seg)
-        if len(cand_ids) <= S:
+    # rule 1: drop whole oldest user+assistant pairs until what ends with the final assistant
+    # EOT fits (never the final pair); a trailing turn after it carries no loss, so it is kept
+    # only when it fits too, and otherwise cut by the window that ends at that EOT
+    for k in range(0, len(pair_segs)):
+        core_ids, core_mask = _join(sys_seg, *pair_segs[k:])
+        if len(core_ids) <= S:
+            cand_ids, cand_mask = _join(sys_seg, *pair_segs[k:], trail_seg)
+            if len(cand_ids) > S:
+                cand_ids, cand_mask = core_ids, core_mask
             assert got_ids == cand_ids + [PAD] * (S - len(cand_ids))
             assert got_mask == cand_mask + [False] * (S - len(cand_ids))
             return
