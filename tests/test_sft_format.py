@@ -612,7 +612,7 @@ def test_prop_pack(conv, S):
     # rule 1: drop whole oldest user+assistant pairs until what ends with the final assistant
     # EOT fits (never the final pair); a trailing turn after it carries no loss, so it is kept
     # only when it fits too, and otherwise cut by the window that ends at that EOT
-    for k in range(0, len(pair_segs)):
+    for k in range(len(pair_segs)):
         core_ids, core_mask = _join(sys_seg, *pair_segs[k:])
         if len(core_ids) <= S:
             cand_ids, cand_mask = _join(sys_seg, *pair_segs[k:], trail_seg)
