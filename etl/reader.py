@@ -9,11 +9,11 @@ Parquet go through DuckDB / pyarrow batch readers. Memory is bounded by `chunk_b
 from __future__ import annotations
 
 import glob
-import gzip
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -54,22 +54,44 @@ def classify(path: Path) -> tuple[str, str | None] | None:
     return (kind, compression) if kind else None
 
 
+def _glob_base(pattern: str) -> Path:
+    """The directory a glob's matches are named relative to: its leading non-magic parts."""
+    parts = Path(pattern).parts
+    fixed = []
+    for part in parts[:-1]:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    return Path(*fixed) if fixed else Path(".")
+
+
 def discover(src: str) -> list[Source]:
-    """Input files of SRC (a file, a directory searched recursively, or a glob), sorted."""
+    """Input files of SRC (a file, a directory searched recursively, or a glob), sorted.
+
+    Names are relative to SRC's directory (for a glob, its non-magic prefix directory), so
+    a directory and a glob over it name files alike. A path with a hidden or underscore-
+    prefixed part below that base (`.ipynb_checkpoints/`, `_old/`, `.x.jsonl`) is skipped.
+    """
     root = Path(src)
     if root.is_file():
         candidates, base = [root], root.parent
     elif root.is_dir():
         candidates, base = [p for p in root.rglob("*") if p.is_file()], root
     else:
-        candidates, base = [Path(p) for p in glob.glob(src, recursive=True) if Path(p).is_file()], None
+        base = _glob_base(src)
+        candidates = [Path(p) for p in glob.glob(src, recursive=True) if Path(p).is_file()]
     sources = []
     for path in sorted(candidates):
         kind = classify(path)
-        if kind is None or any(part.startswith((".", "_")) for part in path.parts[-1:]):
+        if kind is None:
             continue
-        name = str(path.relative_to(base)) if base is not None else str(path)
-        sources.append(Source(path=path, name=name, kind=kind[0], compression=kind[1]))
+        try:
+            rel = path.relative_to(base)
+        except ValueError:  # a glob match outside its prefix (`..`): name it as matched
+            rel = path
+        if any(part.startswith((".", "_")) for part in rel.parts if part not in (".", "..")):
+            continue
+        sources.append(Source(path=path, name=str(rel), kind=kind[0], compression=kind[1]))
     if not sources:
         raise EtlError(
             f"no input files found at {src}; expected .jsonl, .json or .parquet files "
@@ -78,17 +100,109 @@ def discover(src: str) -> list[Source]:
     return sources
 
 
+RAW_BLOCK = 1 << 16  # compressed bytes fed to a decompressor at a time
+
+
+class _DecompressedStream:
+    """A decompressed byte stream over raw blocks, with damage reported after the good data.
+
+    `read(n)` returns every byte decompressed before damage (a truncated stream, a corrupt
+    block); the error is raised by the next call. So complete records before the damage are
+    yielded however the caller sizes its reads, and then the file is `UnreadableFile`.
+    """
+
+    def __init__(self, fh: BinaryIO, compression: str) -> None:
+        self._fh = fh
+        self._compression = compression
+        self._pending = bytearray()
+        self._error: Exception | None = None
+        self._done = False
+        self._dec = self._new_decompressor()
+        self._member_started = False  # gzip: a member has begun (trailing zero padding is not one)
+        self.closed = False
+
+    def _new_decompressor(self) -> Any:  # a zlib or zstandard decompression object
+        if self._compression == "gzip":
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompressobj()
+
+    def _feed(self, data: bytes) -> None:
+        """Decompress `data` into the pending buffer (gzip: member after member)."""
+        if self._compression == "gzip":
+            while data:
+                if not self._member_started:
+                    stripped = data.lstrip(b"\x00")  # padding after the last member
+                    if not stripped:
+                        return
+                    data, self._member_started = stripped, True
+                self._pending += self._dec.decompress(data)
+                if not self._dec.eof:
+                    return
+                data = self._dec.unused_data
+                self._dec, self._member_started = self._new_decompressor(), False
+        else:
+            while data:
+                self._member_started = True
+                self._pending += self._dec.decompress(data)
+                if not self._dec.eof:
+                    return
+                data = self._dec.unused_data
+                self._dec, self._member_started = self._new_decompressor(), False  # a next frame
+
+    def _fill(self, n: int) -> None:
+        import zstandard
+
+        while len(self._pending) < n and not self._done and self._error is None:
+            raw = self._fh.read(RAW_BLOCK)
+            try:
+                if not raw:
+                    self._done = True
+                    if self._compression == "gzip":
+                        self._pending += self._dec.flush()
+                        truncated = self._member_started
+                    else:
+                        truncated = self._member_started and not self._dec.eof
+                    if truncated:
+                        self._error = EOFError(f"truncated {self._compression} stream")
+                    return
+                self._feed(raw)
+            except (zlib.error, zstandard.ZstdError) as exc:
+                self._error = UnreadableFile(f"corrupt {self._compression} stream ({exc})")
+
+    def read(self, n: int = -1) -> bytes:
+        self._fill(n if n >= 0 else 1 << 62)
+        if not self._pending and self._error is not None:
+            error, self._error = self._error, None
+            self._done = True
+            raise error
+        if n < 0 or n >= len(self._pending):
+            out = bytes(self._pending)
+            self._pending.clear()
+        else:
+            out = bytes(self._pending[:n])
+            del self._pending[:n]
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+        self._fh.close()
+
+    def __enter__(self) -> BinaryIO:
+        return self  # type: ignore[return-value]
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _open_binary(source: Source, raw: list[BinaryIO] | None = None) -> BinaryIO:
     """The decompressed byte stream; `raw` receives the file object under it (for tell())."""
     fh = open(source.path, "rb")  # noqa: SIM115 (closed by the stream that wraps it)
     if raw is not None:
         raw.append(fh)
-    if source.compression == "gzip":
-        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
-    if source.compression == "zstd":
-        import zstandard
-
-        return zstandard.ZstdDecompressor().stream_reader(fh, closefd=True)  # type: ignore[return-value]
+    if source.compression in ("gzip", "zstd"):
+        return _DecompressedStream(fh, source.compression)  # type: ignore[return-value]
     return fh
 
 
@@ -167,40 +281,90 @@ def _jsonl_chunks(source: Source, chunk_bytes: int, progress: Progress | None = 
             yield table
 
 
-def _json_objects(source: Source, fmt: str, chunk_records: int) -> Iterator[pa.Table]:
+def _yield_by_bytes(batches: Iterator[pa.Array], chunk_bytes: int) -> Iterator[pa.Table]:
+    """(source_line, line) tables from batches of lines, each cut once its text reaches
+    `chunk_bytes` (so a chunk overshoots by at most one record, however large the batches).
+
+    Numbering is continuous, so the output is the same however the input is batched.
+    """
+    pending: list[pa.Array] = []
+    size = first = 0
+
+    def flush() -> pa.Table:
+        lines = pa.concat_arrays(pending) if len(pending) > 1 else pending[0]
+        line_no = pa.array(np.arange(first, first + len(lines), dtype=np.int64))
+        return pa.table([line_no, lines], schema=RAW_SCHEMA)
+
+    for batch in batches:
+        lines = batch.cast(pa.large_string())
+        while len(lines):
+            offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)
+            offsets = offsets[lines.offset : lines.offset + len(lines) + 1]
+            ends = offsets[1:] - offsets[0]  # text bytes through each record
+            take = int(np.searchsorted(ends, chunk_bytes - size, side="left")) + 1
+            if take > len(lines):
+                pending.append(lines)
+                size += int(ends[-1])
+                break
+            pending.append(lines.slice(0, take))
+            table = flush()
+            yield table
+            first += table.num_rows
+            pending, size = [], 0
+            lines = lines.slice(take)
+    if pending:
+        yield flush()
+
+
+JSON_BATCH_RECORDS = 1024  # records fetched from DuckDB at a time (chunks are sized in bytes)
+
+
+def _json_objects(source: Source, fmt: str, chunk_bytes: int) -> Iterator[pa.Table]:
     """Each top-level JSON value of the file as raw text (DuckDB `read_json_objects`).
 
     Raw text, not DuckDB's inferred struct, so a value's own types reach the validator.
+    One DuckDB thread: with several, how many records of a damaged file come out before the
+    error depends on a race.
     """
     import duckdb
 
-    con = duckdb.connect()
+    con = duckdb.connect(config={"threads": 1})
     try:
         reader = con.sql(
             "select json::varchar as line from read_json_objects($path, format = $format, "
             "maximum_object_size = 1073741824)",
             params={"path": str(source.path), "format": fmt},
-        ).to_arrow_reader(chunk_records)
-        first = 0
-        for batch in reader:
-            n = batch.num_rows
-            line_no = pa.array(np.arange(first, first + n, dtype=np.int64))
-            yield pa.table([line_no, batch.column(0).cast(pa.large_string())], schema=RAW_SCHEMA)
-            first += n
+        ).to_arrow_reader(JSON_BATCH_RECORDS)
+        yield from _yield_by_bytes((batch.column(0) for batch in reader), chunk_bytes)
     except duckdb.Error as exc:
         raise UnreadableFile(f"not readable as JSON ({str(exc).splitlines()[0]})") from exc
     finally:
         con.close()
 
 
-def _json_chunks(source: Source, chunk_records: int, chunk_bytes: int) -> Iterator[pa.Table]:
-    """A .json file: an array of records, one object (possibly pretty-printed), or JSON lines."""
+def _first_line(source: Source) -> bytes:
+    """The file's decompressed start: through its first non-blank line (BOM removed).
+
+    Stops early once the first non-blank character is `[` (an array needs no more).
+    """
+    head = b""
     with _open_binary(source) as fh:
-        head = fh.read(1 << 16)
-    if head.lstrip().startswith(b"["):
-        yield from _json_objects(source, "array", chunk_records)
+        while True:
+            data = fh.read(1 << 16)
+            head += data
+            if head.startswith(b"\xef\xbb\xbf"):
+                head = head[3:]
+            body = head.lstrip()
+            if not data or body.startswith(b"[") or b"\n" in body:
+                return body.split(b"\n", 1)[0]
+
+
+def _json_chunks(source: Source, chunk_bytes: int) -> Iterator[pa.Table]:
+    """A .json file: an array of records, one object (possibly pretty-printed), or JSON lines."""
+    first_line = _first_line(source)
+    if first_line.startswith(b"["):
+        yield from _json_objects(source, "array", chunk_bytes)
         return
-    first_line = head.lstrip().split(b"\n", 1)[0]
     try:
         import json
 
@@ -211,22 +375,31 @@ def _json_chunks(source: Source, chunk_records: int, chunk_bytes: int) -> Iterat
     if one_record_per_line:  # JSON lines named .json: per-line rejects keep working
         yield from _jsonl_chunks(source, chunk_bytes)
     else:  # one or more pretty-printed objects
-        yield from _json_objects(source, "unstructured", chunk_records)
+        yield from _json_objects(source, "unstructured", chunk_bytes)
 
 
-def _parquet_chunks(source: Source, chunk_records: int) -> Iterator[pa.Table]:
+PARQUET_BATCH_ROWS = 1024  # at most this many rows converted at a time
+
+
+def _parquet_chunks(source: Source, chunk_bytes: int) -> Iterator[pa.Table]:
     import duckdb
     import pyarrow.parquet as pq
 
-    con = duckdb.connect()
-    first = 0
+    con = duckdb.connect(config={"threads": 1})
     try:
-        for batch in pq.ParquetFile(source.path).iter_batches(batch_size=chunk_records):
-            # Rows become JSON text so that one parser validates every input kind alike.
-            rows = con.sql("select to_json(b)::varchar as line from batch b").to_arrow_table()
-            line_no = pa.array(np.arange(first, first + batch.num_rows, dtype=np.int64))
-            yield pa.table([line_no, rows.column(0).cast(pa.large_string())], schema=RAW_SCHEMA)
-            first += batch.num_rows
+        pf = pq.ParquetFile(source.path)
+        meta = pf.metadata
+        groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+        row_bytes = max((g.total_byte_size / max(1, g.num_rows) for g in groups), default=1.0)
+        batch_rows = int(max(1, min(PARQUET_BATCH_ROWS, chunk_bytes // max(1.0, row_bytes))))
+
+        def json_lines() -> Iterator[pa.Array]:
+            for batch in pf.iter_batches(batch_size=batch_rows):
+                # Rows become JSON text so that one parser validates every input kind alike.
+                rows = con.sql("select to_json(b)::varchar as line from batch b").to_arrow_table()
+                yield rows.column(0).combine_chunks()
+
+        yield from _yield_by_bytes(json_lines(), chunk_bytes)
     except (OSError, pa.ArrowInvalid) as exc:
         raise UnreadableFile(f"not a readable Parquet file ({exc})") from exc
     finally:
@@ -244,15 +417,13 @@ def read_chunks(
     Raises:
         UnreadableFile: the file (or the rest of it) cannot be parsed at all.
     """
-    # JSON records average ~1 KiB in chat data; size record batches to match chunk_bytes.
-    chunk_records = max(1, chunk_bytes // 1024)
     try:
         if source.kind == "jsonl":
             yield from _jsonl_chunks(source, chunk_bytes, progress)
         elif source.kind == "json":
-            yield from _json_chunks(source, chunk_records, chunk_bytes)
+            yield from _json_chunks(source, chunk_bytes)
         else:
-            yield from _parquet_chunks(source, chunk_records)
+            yield from _parquet_chunks(source, chunk_bytes)
     except (OSError, EOFError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise
