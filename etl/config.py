@@ -53,6 +53,7 @@ class RunConfig:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
     def __post_init__(self) -> None:
+        self._check_types()
         _check(self.seq_len >= 2, "seq_len", f"must be at least 2 (S = T + 1 tokens), got {self.seq_len}")
         _choice("truncation.policy", self.truncation, TRUNCATION_POLICIES)
         _choice("mask_options.eot", self.mask.eot, EOT_POLICIES)
@@ -63,8 +64,37 @@ class RunConfig:
         _check(self.chunk_bytes > 0, "chunk_bytes", "must be positive")
         _check(self.max_tokens_per_shard > 0, "output.max_tokens_per_shard", "must be positive")
 
+    def _check_types(self) -> None:
+        """Wrong JSON/TOML types fail loudly: "false" as a string would otherwise be true."""
+        for name in ("deduplicate", "add_bos", "add_eos"):
+            _typed(f"preprocessing.{name}", getattr(self, name), bool)
+        for name in ("last_assistant_only", "require_complete_user"):
+            _typed(f"mask_options.{name}", getattr(self.mask, name), bool)
+        _typed("mask_options.train_header", self.mask.train_header, bool, optional=True)
+        _typed("seq_len", self.seq_len, int)
+        _typed("preprocessing.max_items", self.max_items, int, optional=True)
+        _typed("split.seed", self.split_seed, int)
+        _typed("output.max_tokens_per_shard", self.max_tokens_per_shard, int)
+        _typed("chunk_bytes", self.chunk_bytes, int)
+        _typed("split.val_fraction", self.val_fraction, (int, float))
+        for name in ("tokenizer", "template", "truncation", "dedup_mode", "storage_format", "input_type"):
+            _typed(name, getattr(self, name), str)
+        _typed("default_system", self.default_system, str, optional=True)
+        _typed("output.domain_key", self.domain_key, str, optional=True)
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_TYPE_WORDS = {bool: "true or false", int: "an integer", str: "a string", (int, float): "a number"}
+
+
+def _typed(name: str, value: object, kind: type | tuple[type, ...], *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    # bool is an int in Python; a count or a fraction given as true/false is still a mistake.
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    _check(ok, name, f"must be {_TYPE_WORDS[kind]}{' or null' if optional else ''}, got {value!r}")
 
 
 def _check(ok: bool, name: str, message: str) -> None:

@@ -66,6 +66,7 @@ class Context:
     counts: Counts = field(default_factory=Counts)
     dedup: Deduplicator = field(default_factory=Deduplicator)
     timings: Counter[str] = field(default_factory=Counter)
+    warned_weights: bool = False
     _pool: ThreadPoolExecutor | None = None
     _pending: list[Future[Path]] = field(default_factory=list)
     parts: Counter[str] = field(default_factory=Counter)
@@ -134,7 +135,7 @@ class Context:
     @property
     def weights(self) -> bool:
         """Per-message weights are written (`loss_weight`) when the input names a weight key."""
-        return "weight_key" in self.config.input_options
+        return bool(self.config.input_options.get("weight_key"))
 
 
 def _extra_special(tokenizer: TextTokenizer, key: str, template_value: str) -> str:

@@ -7,6 +7,7 @@ with the counts that must add up, is written last.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from etl import stages as st
 from etl.builders import BUILDERS, run_builder
 from etl.config import RunConfig
 from etl.context import Context, build_context, manifest_for
+from etl.errors import EtlError
 from etl.examples import build_examples, records_frame
 from etl.manifest import write_manifest
 from etl.prefetch import prefetch
@@ -103,11 +105,30 @@ def _parsed_chunks(
         yield source, None
 
 
+def _warn_unwritten_weights(good: pa.Table, ctx: Context) -> None:
+    """Records carry per-message weights but no `loss_weight` column is written: say so once.
+
+    (A weight of 0 still un-trains its message; other weights need input.weight_key.)
+    """
+    if ctx.weights or ctx.warned_weights or "messages" not in good.column_names:
+        return
+    messages = pc.list_flatten(good.column("messages"))
+    fields = {f.name for f in messages.type}
+    if "weight" in fields and pc.any(pc.is_valid(pc.struct_field(messages, "weight"))).as_py():
+        ctx.warned_weights = True
+        print(
+            "etl run: warning: records carry per-message weights; set input.weight_key in a "
+            "config to write them as loss_weight (a weight of 0 still leaves its message untrained)",
+            file=sys.stderr,
+        )
+
+
 def process_chunk(source: Source, parsed: pa.Table, ctx: Context) -> None:
     """Preprocess, plan, assemble and write one parsed chunk of one file; update the counts."""
     cfg = ctx.config
     ctx.counts.read += parsed.num_rows
     good = _split_parsed(parsed, ctx, source)
+    _warn_unwritten_weights(good, ctx)
     if good.num_rows == 0:
         return
     draws = np.zeros(good.num_rows)
@@ -181,8 +202,11 @@ def run(
     must be byte-identical across runs).
     """
     out = Path(dst)
-    # DST inside SRC (etl run raw/ raw/out): a rerun must not read its own output as input.
-    sources = [s for s in discover(src) if not s.path.resolve().is_relative_to(out.resolve())]
+    if out.exists() and not out.is_dir():
+        raise EtlError(f"DST {dst} is a file; pass a folder (it is created if missing)")
+    sources = [s for s in discover(src) if not _own_output(s.path, out)]
+    if not sources:
+        raise EtlError(f"no input files in {src} besides etl's own output in {dst}")
     ctx = build_context(config, out)
     out.mkdir(parents=True, exist_ok=True)
     clear_previous_output(out)
@@ -211,6 +235,22 @@ def run(
         timings.update(ctx.timings)
         timings["total"] = time.perf_counter() - started
     return manifest
+
+
+def _own_output(path: Path, out: Path) -> bool:
+    """Whether a file is what an earlier run wrote into DST (when DST sits inside SRC).
+
+    Only etl's folders count (data/, turns/, _rejects/, _val/, seed-004 domain folders with
+    their meta.json), so SRC inside DST (`etl run out/raw out/`) still reads raw/.
+    """
+    try:
+        rel = path.resolve().relative_to(out.resolve())
+    except ValueError:
+        return False
+    if rel.parts[0] in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR, "_val", c.MANIFEST_FILE):
+        return True
+    meta = path.parent / "meta.json"
+    return len(rel.parts) == 2 and meta.is_file() and "format_version" in meta.read_text("utf-8")
 
 
 def _export_storage(out: Path, manifest: dict[str, Any], config: RunConfig) -> dict[str, Any]:

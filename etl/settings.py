@@ -57,8 +57,9 @@ def _mask_options(doc: dict[str, Any], input_type: str) -> MaskOptions:
     opts = doc.get("mask_options", {})
     _keys("mask_options", opts, MASK_OPTIONS)
     mask = doc.get("mask")
-    if mask is None:
-        roles = ("text",) if input_type == "text" else MaskOptions().train_roles
+    if mask is None:  # the default rule (assistant trained); mask_default covers the other roles
+        default = {r: "train" for r in MaskOptions().train_roles}
+        roles = train_roles(default, doc.get("mask_default", "mask"), input_type)
     else:
         _keys("mask", mask, set(CANONICAL_ROLES) | set(FIELD_ROLES))
         roles = train_roles(mask, doc.get("mask_default", "mask"), input_type)
@@ -68,6 +69,9 @@ def _mask_options(doc: dict[str, Any], input_type: str) -> MaskOptions:
 def config_from_dict(doc: dict[str, Any]) -> dict[str, Any]:
     """RunConfig keyword arguments from a parsed config document."""
     _keys("config", doc, SECTIONS)
+    for section in ("input", "mask", "preprocessing", "output", "mask_options", "split"):
+        if section in doc and not isinstance(doc[section], dict):
+            raise EtlError(f"config: {section} must be an object, got {doc[section]!r}")
     if doc.get("version", 1) != 1:
         raise EtlError(f"config: version is {doc['version']!r}; allowed: 1")
     inp = dict(doc.get("input", {}))
@@ -87,7 +91,8 @@ def config_from_dict(doc: dict[str, Any]) -> dict[str, Any]:
             inp[key] = pre[key]
     if out.get("domain_key") is not None and "domain_key" in options:
         inp["domain_key"] = out["domain_key"]
-    truncation = doc.get("truncation", "drop_oldest_turns")
+    # Pretraining text has no turns to drop: seed 004 keeps the first max_seq_len tokens.
+    truncation = doc.get("truncation", "right" if input_type == "text" else "drop_oldest_turns")
     if isinstance(truncation, dict):
         _keys("truncation", truncation, {"policy"})
         truncation = truncation.get("policy", "drop_oldest_turns")
@@ -131,7 +136,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         kwargs["truncation"] = args.truncation
     if getattr(args, "no_default_system", False):
         kwargs["default_system"] = None
-    if getattr(args, "chunk_mb", None):
+    if getattr(args, "chunk_mb", None) is not None:
         kwargs["chunk_bytes"] = int(args.chunk_mb * (1 << 20))
     try:
         return dataclasses.replace(RunConfig(), **kwargs)

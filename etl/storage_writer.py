@@ -28,7 +28,7 @@ from etl.storage_backends import BACKENDS, META_FILE, OFFSETS, SEQUENCE, Backend
 _UNSAFE = re.compile(r'[\x00-\x1f\x7f/\\%:*?"<>|]')
 # With OUT == DST (`etl run` with storage_format bin/h5) these already exist next to the domains.
 # Compared casefolded: on macOS / Windows "Data" is the same folder as "data".
-_RESERVED = {n.casefold() for n in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR, c.MANIFEST_FILE)}
+_RESERVED = {n.casefold() for n in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR, c.MANIFEST_FILE, "_val")}
 
 
 def domain_folder(domain: str) -> str:

@@ -120,7 +120,13 @@ class HFTokenizer:
         self.name = str(path)
         raw = file.read_bytes()
         self.sha256 = hashlib.sha256(raw).hexdigest()
-        self._tok = Tokenizer.from_str(raw.decode("utf-8"))
+        try:
+            self._tok = Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception as exc:  # tokenizers raises a bare Exception for any bad file
+            raise EtlError(
+                f"tokenizer {path}: {file.name} is not a Hugging Face tokenizers file ({exc}); "
+                "pass a tokenizer.json or the model directory that holds one"
+            ) from exc
         # Content is data, never control: special-token strings in content encode as text.
         self._tok.encode_special_tokens = True
         config = file.with_name("tokenizer_config.json")

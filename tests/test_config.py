@@ -46,6 +46,14 @@ def test_seed004_mask_rules_become_trained_roles() -> None:
         ({"mask_options": {"eot": "sometimes"}}, "mask_options.eot is 'sometimes'; allowed: turn, last, all, none"),
         ({"output": {"storage_format": "csv"}}, "output.storage_format is 'csv'; allowed: parquet, bin, h5"),
         ({"split": {"val_fraction": 1.5}}, "split.val_fraction must be in [0, 1)"),
+        ({"preprocessing": {"deduplicate": "false"}}, "preprocessing.deduplicate must be true or false, got 'false'"),
+        ({"mask_options": {"last_assistant_only": "no"}}, "mask_options.last_assistant_only must be true or false"),
+        ({"seq_len": 100.5}, "seq_len must be an integer, got 100.5"),
+        ({"seq_len": "2048"}, "seq_len must be an integer, got '2048'"),
+        ({"preprocessing": {"max_items": True}}, "preprocessing.max_items must be an integer or null"),
+        ({"split": {"val_fraction": "0.1"}}, "split.val_fraction must be a number"),
+        ({"input": "chat"}, "input must be an object, got 'chat'"),
+        ({"mask_default": "bogus"}, "mask.mask_default is 'bogus'; allowed: mask, train"),
     ],
 )
 def test_bad_configs_name_the_field(tmp_path: Path, doc: dict[str, object], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,3 +151,21 @@ def test_pretraining_trains_every_token_without_a_template(tmp_path: Path) -> No
     row = pq.read_table(out / "data" / "train").to_pylist()[0]
     assert row["input_ids"] == [ord("y")] * 60 and all(row["loss_mask"])
     assert read_manifest(out)["counts"]["dropped"] == {}
+
+
+def test_text_input_keeps_the_first_tokens(tmp_path: Path) -> None:
+    src = write(tmp_path / "raw.jsonl", [{"content": "A" * 10 + "B" * 100 + "Z" * 10}])
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"input": {"type": "text", "text_key": "content"}, "preprocessing": {"max_seq_len": 40}}))
+    assert main(["run", str(src), str(tmp_path / "out"), "--config", str(cfg), "--quiet"]) == 0
+    row = pq.read_table(tmp_path / "out" / "data" / "train").to_pylist()[0]
+    assert bytes(row["input_ids"]) == b"A" * 10 + b"B" * 30  # seed 004: the first max_seq_len
+
+
+def test_mask_default_train_without_mask_trains_every_role(tmp_path: Path) -> None:
+    src = write(tmp_path / "raw.jsonl", [chat(("user", "q"), ("assistant", "a"))])
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"mask_default": "train", "default_system": None}))
+    assert main(["run", str(src), str(tmp_path / "out"), "--config", str(cfg), "--quiet"]) == 0
+    row = pq.read_table(tmp_path / "out" / "data" / "train").to_pylist()[0]
+    assert row["loss_mask"] == [False, True, True, False, True, True]  # user q E, assistant a E

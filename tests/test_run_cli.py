@@ -256,3 +256,25 @@ def test_part_files_are_numbered_densely_per_folder(tmp_path: Path) -> None:
     for folder in ("data/train", "data/val", "turns/train", "turns/val", "_rejects"):
         names = sorted(p.name for p in (out / folder).glob("*.parquet"))
         assert names == [f"part-{i:05d}.parquet" for i in range(len(names))], folder
+
+
+def test_input_folder_inside_the_output_folder_is_read(tmp_path: Path) -> None:
+    raw = tmp_path / "out" / "raw"
+    write_jsonl(raw / "a.jsonl", [chat(("user", "a"), ("assistant", "b"))])
+    for _ in range(2):  # the second run must not read the first run's data/ as input
+        assert main(["run", str(raw), str(tmp_path / "out"), "--quiet"]) == 0
+        assert read_manifest(tmp_path / "out")["counts"]["read"] == 1
+    assert main(["run", str(tmp_path / "out"), str(tmp_path / "out"), "--quiet"]) == 0
+    assert read_manifest(tmp_path / "out")["counts"]["read"] == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "examples/raw", "README.md"], "DST README.md is a file"),
+        (["run", "examples/raw", "out", "--tokenizer", "README.md"], "is not a Hugging Face tokenizers file"),
+    ],
+)
+def test_more_user_errors_are_one_line(args: list[str], message: str) -> None:
+    r = etl(*args)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
