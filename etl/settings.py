@@ -134,6 +134,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             kwargs[flag] = value
     if getattr(args, "truncation", None):
         kwargs["truncation"] = args.truncation
+    if getattr(args, "input_type", None):
+        kwargs["input_type"] = args.input_type
+        if args.input_type == "text":
+            kwargs["default_system"] = None
+            kwargs.setdefault("truncation", "right")
+            kwargs["mask"] = MaskOptions(train_roles=("text",))
     if getattr(args, "no_default_system", False):
         kwargs["default_system"] = None
     if getattr(args, "chunk_mb", None) is not None:

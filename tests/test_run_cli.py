@@ -278,3 +278,12 @@ def test_input_folder_inside_the_output_folder_is_read(tmp_path: Path) -> None:
 def test_more_user_errors_are_one_line(args: list[str], message: str) -> None:
     r = etl(*args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_sharegpt_without_a_config_gets_a_hint_and_input_type_reads_it(tmp_path: Path) -> None:
+    rec = {"id": "x", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
+    src = write_jsonl(tmp_path / "sg.jsonl", [rec, rec])
+    r = etl("run", str(src), str(tmp_path / "a"))
+    assert r.returncode == 0 and "try --input-type sharegpt" in r.stderr
+    r = etl("run", str(src), str(tmp_path / "b"), "--input-type", "sharegpt", "--quiet")
+    assert r.returncode == 0 and read_manifest(tmp_path / "b")["counts"]["written"] == 2

@@ -27,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--template", help="ngpt (default), post_training, chatml, llama3, phi3, or hf "
                    "(derived from the tokenizer's chat_template)")
     p.add_argument("--seq-len", type=int, help=f"S, the longest input_ids an example keeps (default {DEFAULT_SEQ_LEN})")
+    p.add_argument("--input-type", help="chat (default), sharegpt, instruction, prompt_completion, text, "
+                   "transcript; options of a type go in --config")
     p.add_argument("--truncation", choices=["drop_oldest_turns", "keep_prefix", "right", "drop"],
                    help="what to do with conversations longer than S (default drop_oldest_turns)")
     p.add_argument("--no-default-system", action="store_true", help="do not insert a system message when missing")
@@ -46,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     manifest = run_pipeline(args.src, args.dst, config, progress=not args.quiet, timings=timings)
     if not args.quiet:
         print(summary(manifest, args.dst), file=sys.stderr)
+        if hint := format_hint(manifest, args.dst):
+            print(hint, file=sys.stderr)
     if args.timings:
         # tokenize_plan includes the tokenizer's own time, shown on its own line too.
         stages = ", ".join(f"{name} {sec:.2f}s" for name, sec in sorted(timings.items(), key=lambda kv: -kv[1]))
@@ -68,3 +72,38 @@ def summary(manifest: dict[str, object], dst: str) -> str:
         f"dropped {_reasons(n['dropped'])}, rejected {_reasons(n['rejected'])}; "
         f"{n['tokens']:,} tokens ({n['trained_tokens']:,} trained) -> {dst}"
     )
+
+
+# Keys that identify a known record layout, and the input type that reads it.
+KEY_HINTS = (
+    ("conversations", "sharegpt"),
+    ("messages", "chat"),
+    ("instruction", "instruction"),
+    ("completion", "prompt_completion"),
+    ("chosen", "transcript"),
+    ("text", "text"),
+)
+
+
+def format_hint(manifest: dict[str, object], dst: str) -> str | None:
+    """When most records lack the key the input type needs, name the type their keys suggest."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    counts = manifest["counts"]
+    assert isinstance(counts, dict)
+    missing = counts["rejected"].get("missing_key", 0)
+    if not counts["read"] or missing * 2 < counts["read"]:
+        return None
+    rejects = pq.read_table(f"{dst}/_rejects", filters=[("reason", "=", "missing_key")], columns=["raw"])
+    try:
+        keys = set(json.loads(rejects.column("raw")[0].as_py()))
+    except (ValueError, TypeError, IndexError):
+        return None
+    current = manifest["config"]["input_type"]  # type: ignore[index]
+    for key, kind in KEY_HINTS:
+        if key in keys and kind != current:
+            return (f"etl run: hint: {missing:,} records lack the keys input type {current!r} reads; "
+                    f"they have {sorted(keys)}: try --input-type {kind} (options in --config)")
+    return None
