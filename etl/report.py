@@ -17,21 +17,12 @@ import pyarrow as pa
 
 from etl.errors import EtlError
 from etl.manifest import read_manifest
-from etl.stats import run_queries
+from etl.stats import QUERY_ORDER, run_queries
 
-# Tables shown under the plots, with the first rows of the row listings only (they can be long).
-TABLES = (
-    "lengths",
-    "trained_share",
-    "roles",
-    "domains",
-    "drops",
-    "rejects",
-    "packing",
-    "consistency",
-    "zero_trained",
-    "untrained_eot",
-)
+# Tables shown under the plots, in `etl stats` order; the histogram and turns-per-example
+# queries are shown as plots only. Row listings show their first rows (they can be long).
+PLOTTED_ONLY = ("length_histogram", "turns_per_example")
+TABLES = tuple(name for name in QUERY_ORDER if name not in PLOTTED_ONLY)
 LISTING_ROWS = 20
 COLORS = ("#3b75af", "#ef8636", "#519e3e", "#c53a32", "#8d69b8", "#84584e")
 
