@@ -14,6 +14,7 @@ from typing import Any
 
 from etl import columns as C
 from etl.errors import EtlError
+from etl.tokenizer import BYTES, TextTokenizer, load_tokenizer, load_tokenizer_from_manifest
 
 TRAIN_OPEN, TRAIN_CLOSE = "[[", "]]"
 # Two shades per kind: neighbouring tokens alternate, so token boundaries show in the terminal.
@@ -22,6 +23,7 @@ RICH_BG = {True: ("green4", "dark_green"), False: ("grey19", "grey30")}
 RICH_FG = {True: "bold white", False: "grey70"}
 SPECIAL_STYLE = "bold magenta"
 TURN_STYLE = "bold cyan"
+SHA_SHOWN = 12  # hex digits of a sha256 in messages: enough to tell two tokenizer files apart
 
 
 def read_example(
@@ -86,18 +88,55 @@ def read_turns(dst: str | os.PathLike[str], *, split: str, example_id: str) -> l
     return sorted(table.to_pylist(), key=lambda t: t[C.TURN_INDEX])
 
 
-def token_strings(manifest: dict[str, Any], ids: Sequence[int]) -> list[str]:
+def token_strings(
+    manifest: dict[str, Any], ids: Sequence[int], *, tokenizer: str | None = None
+) -> list[str]:
     """Display string of every id, from the tokenizer recorded in the manifest.
 
     With the `bytes` tokenizer a multi-byte UTF-8 character spans several tokens: it is shown
     whole on its first byte's token, and its other bytes show as "" (one string per id still).
-    """
-    from etl.tokenizer import load_tokenizer_from_manifest
 
-    strings = load_tokenizer_from_manifest(manifest).token_strings(list(ids))
-    if (manifest.get("tokenizer") or {}).get("name") == "bytes":
+    Args:
+        manifest: the run's `_manifest.json`.
+        ids: token ids to show.
+        tokenizer: a tokenizer path (or `bytes`) to use instead of the manifest's path; it
+            must be the same tokenizer (same sha256) as the run's.
+    """
+    strings = load_run_tokenizer(manifest, override=tokenizer).token_strings(list(ids))
+    if (manifest.get("tokenizer") or {}).get("name") == BYTES:
         strings = _join_utf8(ids, strings)
     return strings
+
+
+def load_run_tokenizer(manifest: dict[str, Any], *, override: str | None = None) -> TextTokenizer:
+    """The tokenizer a run used: from the manifest's path, or `override`, checked by sha256.
+
+    Raises:
+        EtlError: the tokenizer file is missing, or its sha256 is not the one the run recorded
+            (ids would show as the wrong text); both messages suggest `--tokenizer PATH`.
+    """
+    info = manifest.get("tokenizer") or {}
+    if info.get("name", BYTES) == BYTES and override in (None, BYTES):
+        return load_tokenizer_from_manifest(manifest)  # built-in: nothing to find or check
+    recorded = str(info.get("path") or info.get("name") or BYTES)
+    if override is None and not Path(recorded).exists():
+        raise EtlError(
+            f"the run's tokenizer {recorded} is not found (a relative path is from the folder "
+            "`etl run` started in); pass the same tokenizer with --tokenizer PATH"
+        )
+    tok = load_tokenizer(override or recorded)
+    if tok.sha256 != info.get("sha256"):
+        raise EtlError(
+            f"tokenizer {override or recorded} (sha256 {_short(tok.sha256)}) is not the one the run "
+            f"used: {recorded} (sha256 {_short(info.get('sha256'))}); pass that tokenizer with "
+            "--tokenizer PATH"
+        )
+    return tok
+
+
+def _short(sha256: str | None) -> str:
+    # None is the built-in `bytes` tokenizer: it has no file to hash.
+    return sha256[:SHA_SHOWN] if sha256 else "none: built-in bytes"
 
 
 def describe(example: dict[str, Any], turns: Sequence[dict[str, Any]]) -> list[str]:

@@ -116,7 +116,8 @@ class HFTokenizer:
                 f"tokenizer {path}: no tokenizer.json found; pass a tokenizer.json file, a Hugging "
                 "Face model directory that contains one, or `bytes`"
             )
-        self.path = str(file)
+        # Absolute, so the manifest's path loads from any folder (`etl inspect` run elsewhere).
+        self.path = str(file.resolve())
         self.name = str(path)
         raw = file.read_bytes()
         self.sha256 = hashlib.sha256(raw).hexdigest()

@@ -17,6 +17,7 @@ examples:
   etl inspect parquet/ --row 0
   etl inspect parquet/ --row 3 --split val --plain --token-sep '|'
   etl inspect parquet/ --id 9f2c... | less
+  etl inspect parquet/ --row 0 --tokenizer ~/models/qwen2.5   # run's tokenizer moved
 """
 
 
@@ -34,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="plain text, trained runs in [[...]] (default when piped)",
     )
     style.add_argument("--color", action="store_true", help="rich styles even when piped")
+    parser.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="the run's tokenizer (tokenizer.json or model directory) when the path in the "
+        "manifest does not load here; its sha256 must match the manifest's",
+    )
     parser.add_argument(
         "--token-sep",
         default="",
@@ -53,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.dst)
     example = read_example(args.dst, split=args.split, row=args.row, example_id=args.example_id)
     turns = read_turns(args.dst, split=args.split, example_id=example["id"])
-    strings = token_strings(manifest, example["input_ids"])
+    strings = token_strings(manifest, example["input_ids"], tokenizer=args.tokenizer)
     if args.plain or not (args.color or sys.stdout.isatty()):
         sys.stdout.write(render_plain(example, turns, strings, token_sep=args.token_sep))
         return 0

@@ -1,0 +1,75 @@
+"""Rough edges a new user hit (issue 8): each test runs the command the way that user did."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_CONFIG = REPO / "tests" / "assets" / "tiny_chat" / "tokenizer_config.json"
+TINY_SPECIALS = ["<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+CHAT = {"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello"}]}
+
+
+def etl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`python -m etl ARGS` in `cwd`, importing this checkout's etl (what a user's shell does)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "etl", *args], capture_output=True, text=True, cwd=cwd, env=env, check=False
+    )
+
+
+def write_tiny_tokenizer(folder: Path, *, extra: tuple[str, ...] = ()) -> Path:
+    """A byte-level BPE model directory for template `hf`; `extra` specials change its sha256."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    folder.mkdir(parents=True)
+    shutil.copy(TINY_CONFIG, folder)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([*TINY_SPECIALS, *extra])
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_inspect_finds_the_tokenizer_from_another_folder(tmp_path: Path) -> None:
+    start, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    write_tiny_tokenizer(start / "tok")
+    elsewhere.mkdir()
+    (start / "raw.jsonl").write_text(json.dumps(CHAT) + "\n")
+    run = etl("run", "raw.jsonl", "out", "--tokenizer", "tok", "--template", "hf", "--quiet", cwd=start)
+    assert run.returncode == 0, run.stderr
+    recorded = json.loads((start / "out" / "_manifest.json").read_text())["tokenizer"]
+    assert Path(recorded["path"]).is_absolute()
+
+    shown = etl("inspect", str(start / "out"), "--row", "0", "--plain", cwd=elsewhere)
+    assert shown.returncode == 0, shown.stderr
+    assert "[[hello<|end|>]]" in shown.stdout
+
+
+def test_inspect_checks_the_tokenizer_sha256_and_takes_tokenizer(tmp_path: Path) -> None:
+    write_tiny_tokenizer(tmp_path / "tok")
+    other = write_tiny_tokenizer(tmp_path / "other", extra=("<|extra|>",))
+    (tmp_path / "raw.jsonl").write_text(json.dumps(CHAT) + "\n")
+    run = etl("run", "raw.jsonl", "out", "--tokenizer", "tok", "--template", "hf", "--quiet", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    (tmp_path / "tok").rename(tmp_path / "moved")  # the manifest's path no longer loads
+
+    missing = etl("inspect", "out", "--row", "0", cwd=tmp_path)
+    assert missing.returncode == 2 and "--tokenizer PATH" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+
+    wrong = etl("inspect", "out", "--row", "0", "--tokenizer", str(other), cwd=tmp_path)
+    sha_run = json.loads((tmp_path / "out" / "_manifest.json").read_text())["tokenizer"]["sha256"]
+    assert wrong.returncode == 2 and "is not the one the run used" in wrong.stderr
+    assert str(other) in wrong.stderr and sha_run[:12] in wrong.stderr and "--tokenizer" in wrong.stderr
+
+    moved = etl("inspect", "out", "--row", "0", "--plain", "--tokenizer", "moved", cwd=tmp_path)
+    assert moved.returncode == 0, moved.stderr
+    assert "[[hello<|end|>]]" in moved.stdout
