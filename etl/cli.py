@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import pkgutil
 import sys
+import warnings
 from types import ModuleType
+from typing import Any
 
 import etl.commands
 from etl import __version__
-from etl.errors import EtlError
+from etl.errors import EtlError, EtlWarning
 
 
 def _command_modules() -> list[ModuleType]:
@@ -40,13 +43,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exit statuses (README "Exit status"): 0 done; 1 a bug in etl; 2 a usage or input error, nothing
+# (more) written; 3 done, but some input could not be read (listed in the manifest and on stderr).
+EXIT_OK, EXIT_BUG, EXIT_ERROR, EXIT_INCOMPLETE = 0, 1, 2, 3
+
+
+_SHOW_WARNING = warnings.showwarning
+_COMMAND = ["etl"]  # the running subcommand, for warning lines
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """etl's warnings as one `etl CMD: warning: ...` line each; others as Python shows them."""
+    if issubclass(category, EtlWarning):
+        print(f"etl {_COMMAND[0]}: warning: {message}", file=sys.stderr)
+    else:
+        _SHOW_WARNING(message, category, *args, **kwargs)
+
+
+def _no_space(exc: OSError, args: argparse.Namespace) -> str | None:
+    """'no space left on device' and where, for a full disk (pyarrow raises it as OSError too)."""
+    if exc.errno != errno.ENOSPC and "No space left on device" not in str(exc):
+        return None
+    where = exc.filename or getattr(args, "out", None) or getattr(args, "dst", None)
+    return (f"no space left on device while writing {where}; free some space or write to another "
+            "disk (the next run removes this partial output)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `etl` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
-        return 2
+        return EXIT_ERROR
+    _COMMAND[0] = args.command
+    warnings.showwarning = _show_warning
+    warnings.simplefilter("always", EtlWarning)
     try:
         return int(args._run(args) or 0)
 
@@ -59,15 +91,24 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `etl stats DST | head`: the reader left; that is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        if (message := _no_space(exc, args)) is None:
+            return _internal_error(args.command, exc)
+        print(f"etl {args.command}: error: {message}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"etl {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # a bug, not a user error: one line, the traceback on request
-        if os.environ.get("ETL_DEBUG"):
-            raise
-        print(
-            f"etl {args.command}: internal error: {type(exc).__name__}: {exc} "
-            "(set ETL_DEBUG=1 for the traceback, and please report it)",
-            file=sys.stderr,
-        )
-        return 1
+    except Exception as exc:  # noqa: BLE001 (a bug, not a user error: one line, traceback on request)
+        return _internal_error(args.command, exc)
+
+
+def _internal_error(command: str, exc: Exception) -> int:
+    if os.environ.get("ETL_DEBUG"):
+        raise exc
+    print(
+        f"etl {command}: internal error: {type(exc).__name__}: {exc} "
+        "(set ETL_DEBUG=1 for the traceback, and please report it)",
+        file=sys.stderr,
+    )
+    return EXIT_BUG

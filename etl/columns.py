@@ -14,6 +14,12 @@ MANIFEST_FILE = "_manifest.json"
 DATA_DIR = "data"
 TURNS_DIR = "turns"
 REJECTS_DIR = "_rejects"
+VAL_STORAGE_DIR = "_val"  # seed-004 bin/h5 storage of the val split: DST/_val/<domain>/
+# Files of the writer protocol (etl.ownership): an export's record of what it wrote, the journal
+# of paths a writer is about to create, and the lock one writer at a time holds.
+EXPORT_FILE = "_export.json"
+JOURNAL_FILE = "_journal.jsonl"
+LOCK_FILE = "_lock"
 SPLITS = ("train", "val")
 
 # `data` columns (contract).

@@ -20,11 +20,15 @@ from etl import stages as st
 from etl.builders import BUILDERS
 from etl.config import RunConfig
 from etl.errors import EtlError
+from etl.ownership import OutputWriter
 from etl.preprocess import Deduplicator
 from etl.reader import Source
 from etl.templates import TemplateIds, resolve_template
 from etl.tokenizer import TextTokenizer, encode_template_text
 from etl.writer import write_part
+
+# 2: `files` lists every file written with rows, bytes and sha256 (1: data/turns paths only).
+FORMAT_VERSION = 2
 
 
 @dataclass
@@ -67,20 +71,25 @@ class Context:
     dedup: Deduplicator = field(default_factory=Deduplicator)
     timings: Counter[str] = field(default_factory=Counter)
     warned_weights: bool = False
+    output: OutputWriter | None = None
     _pool: ThreadPoolExecutor | None = None
-    _pending: list[Future[Path]] = field(default_factory=list)
+    _pending: list[Future[None]] = field(default_factory=list)
     parts: Counter[str] = field(default_factory=Counter)
-    files: list[str] = field(default_factory=list)
+    # Records read per input file, for the warning that says how much of a damaged file was kept.
+    read_per_file: Counter[str] = field(default_factory=Counter)
+    incomplete: list[dict[str, Any]] = field(default_factory=list)
 
     def part_path(self, folder: str) -> Path:
-        """The next part file of a folder of DST, numbered densely from part-00000 per folder.
+        """The next part file of a folder of DST, numbered densely from part-00000 per folder,
+        journaled (`OutputWriter.reserve`) before anything creates it.
 
         Dense numbering means `data/train/part-00000.parquet` exists whenever the split has
         rows, whichever chunk they came from.
         """
         number = self.parts[folder]
         self.parts[folder] += 1
-        return self.dst / folder / f"part-{number:05d}.parquet"
+        path = self.dst / folder / f"part-{number:05d}.parquet"
+        return self.output.reserve(path) if self.output is not None else path
 
     @contextlib.contextmanager
     def writer(self) -> Iterator[None]:
@@ -100,14 +109,19 @@ class Context:
                     future.result()
                 self._pending.clear()
 
+    def _write_now(self, table: pa.Table, path: Path) -> None:
+        write_part(table, path)
+        if self.output is not None:
+            self.output.add(path, rows=table.num_rows)
+
     def write(self, table: pa.Table, path: Path) -> None:
-        """Write a part file, in the background when inside `writer()`."""
+        """Write a part file (listed in the manifest), in the background inside `writer()`."""
         if self._pool is None:
-            write_part(table, path)
+            self._write_now(table, path)
             return
         while len(self._pending) > 1:  # keep memory bounded: wait for the older writes
             self._pending.pop(0).result()
-        self._pending.append(self._pool.submit(write_part, table, path))
+        self._pending.append(self._pool.submit(self._write_now, table, path))
 
     @contextlib.contextmanager
     def timed(self, stage: str) -> Iterator[None]:
@@ -187,7 +201,7 @@ def build_context(config: RunConfig, dst: Path) -> Context:
 def manifest_for(ctx: Context, sources: list[Source], seconds: float) -> dict[str, Any]:
     tok = ctx.tokenizer
     return {
-        "format_version": 1,
+        "format_version": FORMAT_VERSION,
         "etl_version": __version__,
         "config": ctx.config.to_json(),
         "inputs": [s.name for s in sources],
@@ -206,5 +220,5 @@ def manifest_for(ctx: Context, sources: list[Source], seconds: float) -> dict[st
         "eos_ids": ctx.eos,
         "default_system_ids": ctx.system_ids,
         "counts": ctx.counts.to_json(),
-        "files": sorted(ctx.files),
+        "incomplete_inputs": ctx.incomplete,
     }

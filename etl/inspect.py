@@ -44,12 +44,12 @@ def read_example(
     Raises:
         EtlError: the split does not exist, the row is out of range or the id is not found.
     """
-    import pyarrow.parquet as pq
+    from etl.parts import open_part
 
     files = _split_files(dst, C.DATA_DIR, split)
     offset = 0
     for path in files:
-        meta = pq.ParquetFile(path)
+        meta = open_part(path)
         for group in range(meta.num_row_groups):
             n = meta.metadata.row_group(group).num_rows
             if row is not None and offset <= row < offset + n:
@@ -80,8 +80,9 @@ def read_turns(dst: str | os.PathLike[str], *, split: str, example_id: str) -> l
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    root = Path(dst) / C.TURNS_DIR / split
-    files = sorted(str(p) for p in root.glob("*.parquet"))
+    from etl.parts import listed_parts
+
+    files = [str(p) for p in listed_parts(dst, f"{C.TURNS_DIR}/{split}")]
     if not files:
         return []
     table = ds.dataset(files, format="parquet").to_table(filter=pc.field(C.ID) == example_id)
@@ -290,13 +291,15 @@ def _printable(piece: str) -> str:
     return "".join(c if c in "\n\t" or c.isprintable() else f"\\x{ord(c):02x}" for c in piece)
 
 
-def _split_files(dst: str | os.PathLike[str], folder: str, split: str) -> list[str]:
-    root = Path(dst) / folder
-    files = sorted(str(p) for p in (root / split).glob("*.parquet"))
+def _split_files(dst: str | os.PathLike[str], folder: str, split: str) -> list[Path]:
+    """The parts the manifest lists for the split, checked (sha256 too: inspect is one-off)."""
+    from etl.parts import listed_parts, listed_splits
+
+    files = listed_parts(dst, f"{folder}/{split}", checksum=True)
     if not files:
-        splits = sorted(p.name for p in root.glob("*") if p.is_dir())
+        splits = listed_splits(dst)
         raise EtlError(
-            f"split {split!r} has no Parquet files under {root}; "
+            f"split {split!r} has no Parquet files under {Path(dst) / folder}; "
             f"choose --split from: {', '.join(splits) or '(none: nothing was written)'}"
         )
     return files

@@ -9,6 +9,7 @@ Parquet go through DuckDB / pyarrow batch readers. Memory is bounded by `chunk_b
 from __future__ import annotations
 
 import glob
+import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,16 +33,29 @@ RAW_SCHEMA = pa.schema([("source_line", pa.int64()), ("line", pa.large_string())
 
 @dataclass(frozen=True)
 class Source:
-    """One input file: its path, the name written to `source_file`, its kind and compression."""
+    """One input: its path, the name written to `source_file`, its kind and compression.
+
+    Kind `dir` is a folder under SRC that could not be listed (`error` says why): the run counts
+    it as a rejected record (`unreadable_dir`) instead of skipping what it holds unseen.
+    """
 
     path: Path
     name: str
     kind: str
     compression: str | None
+    error: str | None = None
 
 
 class UnreadableFile(Exception):
-    """A whole file could not be parsed; the run records it as a reject and goes on."""
+    """A whole file (or the rest of it) could not be parsed; the run records it and goes on."""
+
+    reason = "unreadable_file"
+
+
+class UnreadableDir(UnreadableFile):
+    """A folder under SRC could not be listed: whatever it holds is counted as one reject."""
+
+    reason = "unreadable_dir"
 
 
 def classify(path: Path) -> tuple[str, str | None] | None:
@@ -65,39 +79,75 @@ def _glob_base(pattern: str) -> Path:
     return Path(*fixed) if fixed else Path(".")
 
 
+def source_root(src: str) -> Path:
+    """The folder SRC's files are named relative to: SRC itself, a file's folder, a glob's base."""
+    root = Path(src)
+    if root.is_dir():
+        return root
+    return root.parent if root.is_file() else _glob_base(src)
+
+
+def _hidden(part: str) -> bool:
+    return part.startswith((".", "_")) and part not in (".", "..")
+
+
+def _walk(root: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Files under root (symlinked folders followed, as `rglob` did) and the folders that could
+    not be listed, with why. Hidden and underscore-prefixed folders are not entered."""
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise EtlError(f"cannot read the input folder {root} (permission denied); check its permissions")
+    files: list[Path] = []
+    unreadable: list[tuple[Path, str]] = []
+
+    def failed(exc: OSError) -> None:
+        unreadable.append((Path(exc.filename or root), exc.strerror or str(exc)))
+
+    for folder, dirs, names in os.walk(root, onerror=failed, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not _hidden(d))
+        files += [Path(folder) / n for n in names if (Path(folder) / n).is_file()]
+    return files, unreadable
+
+
 def discover(src: str) -> list[Source]:
     """Input files of SRC (a file, a directory searched recursively, or a glob), sorted.
 
     Names are relative to SRC's directory (for a glob, its non-magic prefix directory), so
     a directory and a glob over it name files alike. A path with a hidden or underscore-
     prefixed part below that base (`.ipynb_checkpoints/`, `_old/`, `.x.jsonl`) is skipped.
+    A folder under a directory SRC that cannot be listed is a `Source` of kind `dir`.
     """
     root = Path(src)
+    unreadable: list[tuple[Path, str]] = []
     if root.is_file():
         candidates, base = [root], root.parent
     elif root.is_dir():
-        candidates, base = [p for p in root.rglob("*") if p.is_file()], root
+        (candidates, unreadable), base = _walk(root), root
     else:
         base = _glob_base(src)
         candidates = [Path(p) for p in glob.glob(src, recursive=True) if Path(p).is_file()]
-    sources = []
+    sources = [Source(path=p, name=_name(p, base) + "/", kind="dir", compression=None, error=why)
+               for p, why in unreadable]
     for path in sorted(candidates):
         kind = classify(path)
         if kind is None:
             continue
-        try:
-            rel = path.relative_to(base)
-        except ValueError:  # a glob match outside its prefix (`..`): name it as matched
-            rel = path
-        if any(part.startswith((".", "_")) for part in rel.parts if part not in (".", "..")):
+        name = _name(path, base)
+        if any(_hidden(part) for part in Path(name).parts):
             continue
-        sources.append(Source(path=path, name=str(rel), kind=kind[0], compression=kind[1]))
+        sources.append(Source(path=path, name=name, kind=kind[0], compression=kind[1]))
     if not sources:
         raise EtlError(
             f"no input files found at {src}; expected .jsonl, .json or .parquet files "
             "(optionally .gz or .zst), a directory holding them, or a glob"
         )
-    return sources
+    return sorted(sources, key=lambda s: Path(s.name).parts)  # as Path sorting: by part
+
+
+def _name(path: Path, base: Path) -> str:
+    try:
+        return str(path.relative_to(base))
+    except ValueError:  # a glob match outside its prefix (`..`): name it as matched
+        return str(path)
 
 
 RAW_BLOCK = 1 << 16  # compressed bytes fed to a decompressor at a time
@@ -417,6 +467,8 @@ def read_chunks(
     Raises:
         UnreadableFile: the file (or the rest of it) cannot be parsed at all.
     """
+    if source.kind == "dir":
+        raise UnreadableDir(f"cannot list folder ({source.error})")
     try:
         if source.kind == "jsonl":
             yield from _jsonl_chunks(source, chunk_bytes, progress)

@@ -26,18 +26,12 @@ from etl.config import RunConfig
 from etl.context import Context, build_context, manifest_for
 from etl.errors import EtlError
 from etl.examples import build_examples, records_frame
-from etl.manifest import write_manifest
+from etl.ownership import OutputWriter, check_inputs, check_target
 from etl.prefetch import prefetch
 from etl.preprocess import domains, record_keys, splits
 from etl.progress import Progress
-from etl.reader import Source, UnreadableFile, discover, read_chunks
-from etl.writer import (
-    REJECTS_SCHEMA,
-    TURNS_SCHEMA,
-    clear_previous_output,
-    conform,
-    data_schema,
-)
+from etl.reader import Source, UnreadableFile, discover, read_chunks, source_root
+from etl.writer import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_schema
 
 __all__ = ["Context", "build_context", "build_examples", "records_frame", "run"]
 
@@ -74,24 +68,33 @@ def _split_parsed(parsed: pa.Table, ctx: Context, source: Source) -> pa.Table:
     return parsed.filter(reason.is_null())
 
 
-def _parsed_chunks(
-    sources: list[Source], ctx: Context, bar: Progress
-) -> Iterator[tuple[Source, pa.Table | UnreadableFile | None]]:
-    """(source, parsed chunk) in file order; an `UnreadableFile`, then None, ends each file.
+Item = tuple[Source, pa.Table | UnreadableFile | None, int]
+
+
+def _parsed_chunks(sources: list[Source], ctx: Context) -> Iterator[Item]:
+    """(source, parsed chunk, bytes of the file read through it) in file order; an
+    `UnreadableFile`, then None, ends each file.
 
     Runs on the prefetch thread, so it has its own DuckDB connection, and it applies
-    `preprocessing.max_items` to the raw records (parsing keeps one row per record).
+    `preprocessing.max_items` to the raw records (parsing keeps one row per record). The byte
+    position travels with its chunk, so the progress bar shows work done, not read ahead.
     """
     cfg = ctx.config
     roles = [r for r in ctx.template.header if r != "text" or cfg.input_type == "text"]
     query = BUILDERS[cfg.input_type](roles=roles, **cfg.input_options)
     con = ctx.con.cursor()
     budget = cfg.max_items
+    position = [0]
+
+    def read_through(offset: int) -> None:
+        position[0] = offset
+
     for source in sources:
         if budget == 0:
             return
+        position[0] = 0
         try:
-            for raw in read_chunks(source, chunk_bytes=cfg.chunk_bytes, progress=bar.file_position):
+            for raw in read_chunks(source, chunk_bytes=cfg.chunk_bytes, progress=read_through):
                 if budget is not None:  # preprocessing.max_items: stop reading there
                     raw = raw.slice(0, budget)
                     budget -= raw.num_rows
@@ -99,10 +102,10 @@ def _parsed_chunks(
                         break
                 with ctx.timed("parse"):  # on the prefetch thread: overlaps tokenizing
                     parsed = run_builder(con, raw, query)
-                yield source, parsed
+                yield source, parsed, position[0]
         except UnreadableFile as exc:
-            yield source, exc
-        yield source, None
+            yield source, exc, position[0]
+        yield source, None, position[0]
 
 
 def _warn_unwritten_weights(good: pa.Table, ctx: Context) -> None:
@@ -127,6 +130,7 @@ def process_chunk(source: Source, parsed: pa.Table, ctx: Context) -> None:
     """Preprocess, plan, assemble and write one parsed chunk of one file; update the counts."""
     cfg = ctx.config
     ctx.counts.read += parsed.num_rows
+    ctx.read_per_file[source.name] += parsed.num_rows
     good = _split_parsed(parsed, ctx, source)
     _warn_unwritten_weights(good, ctx)
     if good.num_rows == 0:
@@ -173,24 +177,60 @@ def _write_examples(examples: pl.DataFrame, plan: pl.DataFrame, ctx: Context) ->
         ctx.write(data, data_part)
         turns_part = ctx.part_path(f"{c.TURNS_DIR}/{split}")
         ctx.write(conform(turns.filter(pl.col(c.SPLIT) == split).to_arrow(), TURNS_SCHEMA), turns_part)
-        ctx.files += [str(data_part.relative_to(ctx.dst)), str(turns_part.relative_to(ctx.dst))]
 
 
 def _reject_file(source: Source, exc: UnreadableFile, ctx: Context) -> None:
-    """A file that cannot be parsed at all counts as one rejected record (line -1)."""
+    """A file (or folder) that cannot be read, or not to its end, counts as one rejected record
+    (line -1) and is listed in the manifest's `incomplete_inputs` with how much of it was kept."""
     ctx.counts.read += 1
-    ctx.counts.rejected["unreadable_file"] += 1
+    ctx.counts.rejected[exc.reason] += 1
+    ctx.incomplete.append(
+        {"path": source.name, "reason": exc.reason, "records_read": ctx.read_per_file[source.name],
+         "error": str(exc)}
+    )
     table = pa.table(
         {
             c.SOURCE_LINE: pa.array([-1], pa.int64()),
-            c.REASON: ["unreadable_file"],
+            c.REASON: [exc.reason],
             c.DETAIL: [str(exc)],
             c.RAW: [None],
         }
     )
-    ctx.write(
-        _rejects_table(source, table), ctx.part_path(c.REJECTS_DIR)
-    )
+    ctx.write(_rejects_table(source, table), ctx.part_path(c.REJECTS_DIR))
+
+
+def _inputs(src: str, out: Path, *, storage: bool) -> tuple[list[Source], list[Path]]:
+    """The input files, and the entries of DST that hold them when SRC lies inside DST.
+
+    DST is never read as input: when it lies inside SRC its files are skipped.
+    """
+    root = source_root(src)
+    src_inside = check_inputs(out, root, storage=storage)
+    sources = discover(src)
+    if src_inside:
+        return sources, [out / root.resolve().relative_to(out.resolve()).parts[0]]
+    dst = out.resolve()
+    sources = [s for s in sources if dst not in s.path.resolve().parents]
+    if not sources:
+        raise EtlError(f"no input files in {src} besides etl's own output in {out}")
+    return sources, []
+
+
+def _process(sources: list[Source], ctx: Context, *, progress: bool) -> None:
+    """Every chunk of every input through the pipeline, with the write thread and the bar."""
+    total_bytes = sum(s.path.stat().st_size for s in sources if s.kind != "dir")
+    with ctx.writer(), Progress(total_bytes=total_bytes, enabled=progress) as bar:
+        for source, item, position in prefetch(_parsed_chunks(sources, ctx)):
+            if item is None:
+                bar.file_done(source.path.stat().st_size if source.kind != "dir" else 0)
+            elif isinstance(item, UnreadableFile):
+                _reject_file(source, item, ctx)
+            else:
+                process_chunk(source, item, ctx)
+                bar.file_position(position)
+                bar.update(ctx.counts.read, ctx.counts.tokens)
+        if not ctx.parts[c.REJECTS_DIR]:  # DESIGN §4 lists _rejects/part-00000: present, empty
+            ctx.write(REJECTS_SCHEMA.empty_table(), ctx.part_path(c.REJECTS_DIR))
 
 
 def run(
@@ -198,78 +238,60 @@ def run(
 ) -> dict[str, Any]:
     """Run the whole pipeline from SRC to DST; returns the manifest it wrote.
 
+    DST must be new, empty or an earlier etl output; the run holds DST's lock throughout and
+    removes only the files the previous manifest (or an interrupted run's journal) lists.
     `timings`, when given, receives wall seconds per stage (kept out of the manifest, which
     must be byte-identical across runs).
     """
     out = Path(dst)
     if out.exists() and not out.is_dir():
         raise EtlError(f"DST {dst} is a file; pass a folder (it is created if missing)")
-    sources = [s for s in discover(src) if not _own_output(s.path, out)]
-    if not sources:
-        raise EtlError(f"no input files in {src} besides etl's own output in {dst}")
+    storage = config.storage_format != "parquet"
+    sources, holds_inputs = _inputs(src, out, storage=storage)
+    check_target(out, keep=holds_inputs)  # before the tokenizer loads: refuse in milliseconds
     ctx = build_context(config, out)
-    out.mkdir(parents=True, exist_ok=True)
-    clear_previous_output(out)
     started = time.perf_counter()
-    total_bytes = sum(s.path.stat().st_size for s in sources)
-    with ctx.writer(), Progress(total_bytes=total_bytes, enabled=progress) as bar:
-        for source, item in prefetch(_parsed_chunks(sources, ctx, bar)):
-            if item is None:
-                bar.file_done(source.path.stat().st_size)
-            elif isinstance(item, UnreadableFile):
-                _reject_file(source, item, ctx)
-            else:
-                process_chunk(source, item, ctx)
-                bar.update(ctx.counts.read, ctx.counts.tokens)
-        if not ctx.parts[c.REJECTS_DIR]:  # DESIGN §4 lists _rejects/part-00000: present, empty
-            ctx.write(REJECTS_SCHEMA.empty_table(), ctx.part_path(c.REJECTS_DIR))
-    counts = ctx.counts
-    assert counts.read == counts.written + sum(counts.dropped.values()) + sum(
-        counts.rejected.values()
-    )
-    manifest = manifest_for(ctx, sources, time.perf_counter() - started)
-    if config.storage_format != "parquet":
-        manifest["storage"] = _export_storage(out, manifest, config)
-    write_manifest(out, manifest)
+    with OutputWriter(out, kind="run", keep=holds_inputs) as output:
+        ctx.output = output
+        _process(sources, ctx, progress=progress)
+        counts = ctx.counts
+        assert counts.read == counts.written + sum(counts.dropped.values()) + sum(
+            counts.rejected.values()
+        )
+        manifest = manifest_for(ctx, sources, time.perf_counter() - started)
+        if storage:
+            manifest["storage"] = _export_storage(out, manifest, config, output)
+        output.commit(manifest)
     if timings is not None:
         timings.update(ctx.timings)
         timings["total"] = time.perf_counter() - started
-    return manifest
+    return {**manifest, "files": output.files()}
 
 
-def _own_output(path: Path, out: Path) -> bool:
-    """Whether a file is what an earlier run wrote into DST (when DST sits inside SRC).
-
-    Only etl's folders count (data/, turns/, _rejects/, _val/, seed-004 domain folders with
-    their meta.json), so SRC inside DST (`etl run out/raw out/`) still reads raw/.
-    """
-    try:
-        rel = path.resolve().relative_to(out.resolve())
-    except ValueError:
-        return False
-    if rel.parts[0] in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR, "_val", c.MANIFEST_FILE):
-        return True
-    meta = path.parent / "meta.json"
-    return len(rel.parts) == 2 and meta.is_file() and "format_version" in meta.read_text("utf-8")
-
-
-def _export_storage(out: Path, manifest: dict[str, Any], config: RunConfig) -> dict[str, Any]:
-    """seed 004 `output.storage_format`: per-domain bin/h5 next to the Parquet.
+def _export_storage(
+    out: Path, manifest: dict[str, Any], config: RunConfig, output: OutputWriter
+) -> dict[str, Any]:
+    """seed 004 `output.storage_format`: per-domain bin/h5 next to the Parquet, listed in the
+    run's manifest like its parts.
 
     train goes to DST/<domain>/ as the seed lays it out; val, when there is one, to
     DST/_val/<domain>/ (underscore-prefixed like `_rejects`, so no domain name can clash).
     """
-    from etl.storage import export_storage
+    from etl.storage import write_storage
 
     written = {}
-    for split, target in (("train", out), ("val", out / "_val")):
-        if (out / c.DATA_DIR / split).is_dir():
-            written[split] = export_storage(
-                out,
+    for split, target in (("train", out), ("val", out / c.VAL_STORAGE_DIR)):
+        prefix = f"{c.DATA_DIR}/{split}/"
+        parts = [out / f["path"] for f in output.files() if f["path"].startswith(prefix)]
+        if parts:
+            written[split] = write_storage(
+                parts,
                 target,
+                output=output,
                 storage_format=config.storage_format,
                 split=split,
                 max_tokens_per_shard=config.max_tokens_per_shard,
-                manifest=manifest,
+                source=manifest,
+                dst=out,
             )
     return {"format": config.storage_format, "domains": written}

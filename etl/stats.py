@@ -81,13 +81,24 @@ def query_parameters(sql: str) -> set[str]:
     return set(_PARAM.findall(_COMMENT.sub("", sql)))
 
 
-def input_files(dst: str | os.PathLike[str]) -> dict[str, list[str]]:
-    """The Parquet files of DST per group (`data`, `turns`, `rejects`), sorted."""
-    root = Path(dst)
+def input_files(dst: str | os.PathLike[str], manifest: dict[str, Any] | None = None) -> dict[str, list[str]]:
+    """The Parquet files the manifest lists per group (`data`, `turns`, `rejects`), checked.
+
+    sha256 too: DuckDB does not verify Parquet page checksums, and hashing costs ~1 s per GB,
+    less than the queries read on most outputs.
+    """
+    from etl.parts import listed_parts, listed_splits
+
+    manifest = manifest if manifest is not None else read_manifest(dst)
+    splits = listed_splits(dst, manifest)
+
+    def group(folders: list[str]) -> list[str]:
+        return [str(p) for f in folders for p in listed_parts(dst, f, manifest=manifest, checksum=True)]
+
     return {
-        "data": sorted(str(p) for p in root.glob(f"{C.DATA_DIR}/*/*.parquet")),
-        "turns": sorted(str(p) for p in root.glob(f"{C.TURNS_DIR}/*/*.parquet")),
-        "rejects": sorted(str(p) for p in root.glob(f"{C.REJECTS_DIR}/*.parquet")),
+        "data": group([f"{C.DATA_DIR}/{s}" for s in splits]),
+        "turns": group([f"{C.TURNS_DIR}/{s}" for s in splits]),
+        "rejects": group([C.REJECTS_DIR]),
     }
 
 
@@ -134,7 +145,7 @@ def run_queries(
         raise EtlError("--bin-width and --seq-len must be positive integers")
     con = duckdb.connect(config={"threads": threads} if threads else {})
     with tempfile.TemporaryDirectory(prefix="etl-stats-") as tmp:
-        for group, files in input_files(dst).items():
+        for group, files in input_files(dst, manifest).items():
             values[group] = files or [_empty_parquet(Path(tmp), group)]
         try:
             return {name: _execute(con, name, sql, values) for name, sql in texts.items()}

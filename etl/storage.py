@@ -48,19 +48,55 @@ import pyarrow.parquet as pq
 from etl import columns as c
 from etl.errors import EtlError
 from etl.manifest import read_manifest
+from etl.ownership import OutputWriter
+from etl.parts import listed_parts, listed_splits
 from etl.storage_backends import BACKENDS, META_FILE, OFFSETS, SEQUENCE
-from etl.storage_writer import domain_folder, remove_stale, write_domains
+from etl.storage_writer import domain_folder, write_domains
 
-__all__ = ["domain_folder", "export_storage", "read_bin", "read_meta", "write_bin", "write_h5"]
+__all__ = ["domain_folder", "export_storage", "read_bin", "read_meta", "write_bin", "write_h5", "write_storage"]
 
 DEFAULT_MAX_TOKENS_PER_SHARD = 100_000_000  # seed 004 default: 800 MB of int64 per stream file
 FORMAT_VERSION = 1
 
 
-def _source(dst: Path, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
-    manifest = manifest if manifest is not None else read_manifest(dst)
+def _source(dst: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     keys = ("seq_len", "pad_id", "eot_id", "bos_ids", "eos_ids", "tokenizer", "template")
     return {"dst": str(dst.resolve()), **{k: manifest.get(k) for k in keys}}
+
+
+def _check_options(storage_format: str, max_tokens_per_shard: int) -> None:
+    if storage_format not in BACKENDS:
+        raise EtlError(f"storage format {storage_format!r} unknown; use one of {sorted(BACKENDS)}")
+    if max_tokens_per_shard < 1:
+        raise EtlError(f"max_tokens_per_shard must be >= 1, got {max_tokens_per_shard}")
+
+
+def write_storage(
+    parts: list[Path],
+    out: Path,
+    *,
+    output: OutputWriter,
+    storage_format: str,
+    split: str,
+    max_tokens_per_shard: int,
+    source: dict[str, Any],
+    dst: Path,
+) -> dict[str, dict[str, int]]:
+    """Write the given Parquet parts of one split as per-domain folders under ``out``; every
+    file goes through ``output`` (journaled, then listed in its record). See `export_storage`."""
+    _check_options(storage_format, max_tokens_per_shard)
+    weights = any(c.LOSS_WEIGHT in pq.read_schema(f).names for f in parts)
+    backend = BACKENDS[storage_format](weights=weights, output=output)
+    writers = write_domains(parts, out, backend=backend, limit=max_tokens_per_shard)
+    head = {
+        "format": storage_format,
+        "format_version": FORMAT_VERSION,
+        "domain": None,  # set per domain below; placed here so meta.json reads in this order
+        "split": split,
+        "max_tokens_per_shard": max_tokens_per_shard,
+        "source": _source(dst, source),
+    }
+    return {d: w.finish({**head, "domain": d}) for d, w in writers.items()}
 
 
 def export_storage(
@@ -70,9 +106,12 @@ def export_storage(
     storage_format: str,
     split: str = "train",
     max_tokens_per_shard: int = DEFAULT_MAX_TOKENS_PER_SHARD,
-    manifest: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, int]]:
     """Write one split of an ``etl run`` output as seed 004's per-domain ``bin`` or ``h5`` files.
+
+    OUT is claimed like DST by a run: new, empty or an earlier etl output; locked while the
+    export writes; the previous export's files (listed in ``OUT/_export.json``) are replaced and
+    nothing else is touched.
 
     Args:
         dst: ``etl run`` output directory (needs ``_manifest.json`` and ``data/<split>/``).
@@ -80,40 +119,27 @@ def export_storage(
         storage_format: ``"bin"`` or ``"h5"``.
         split: Parquet split to export.
         max_tokens_per_shard: tokens per shard before a new one starts (>= 1).
-        manifest: the run's manifest when ``etl run`` exports before writing it (the manifest
-            is the last file a run writes); read from ``dst`` otherwise.
 
     Returns:
         ``{domain: {"sequences", "tokens", "trained", "shards"}}`` for every domain written.
 
     Raises:
-        EtlError: bad format or limit, ``dst`` not a finished run, the split missing, or two
-            domains whose folder names differ only in case.
+        EtlError: bad format or limit, ``dst`` not a finished run, the split missing, a part
+            that differs from the manifest, OUT not etl's, or two domains whose folder names
+            differ only in case.
     """
-    if storage_format not in BACKENDS:
-        raise EtlError(f"storage format {storage_format!r} unknown; use one of {sorted(BACKENDS)}")
-    if max_tokens_per_shard < 1:
-        raise EtlError(f"max_tokens_per_shard must be >= 1, got {max_tokens_per_shard}")
+    _check_options(storage_format, max_tokens_per_shard)
     dst, out = Path(dst), Path(out)
-    source = _source(dst, manifest)
-    files = sorted((dst / c.DATA_DIR / split).glob("*.parquet"))
-    if not files:
-        have = sorted(p.name for p in (dst / c.DATA_DIR).glob("*") if p.is_dir())
-        raise EtlError(f"no Parquet files in {dst / c.DATA_DIR / split}; pick a split from {have}")
-    weights = any(c.LOSS_WEIGHT in pq.read_schema(f).names for f in files)
-    writers = write_domains(
-        files, out, backend=BACKENDS[storage_format](weights=weights), limit=max_tokens_per_shard
-    )
-    head = {
-        "format": storage_format,
-        "format_version": FORMAT_VERSION,
-        "domain": None,  # set per domain below; placed here so meta.json reads in this order
-        "split": split,
-        "max_tokens_per_shard": max_tokens_per_shard,
-        "source": source,
-    }
-    counts = {d: w.finish({**head, "domain": d}) for d, w in writers.items()}
-    remove_stale(out, keep={w.folder.name for w in writers.values()})
+    manifest = read_manifest(dst)
+    parts = listed_parts(dst, f"{c.DATA_DIR}/{split}", manifest=manifest, checksum=True)
+    if not parts:
+        raise EtlError(f"no Parquet files in {dst / c.DATA_DIR / split}; pick a split from "
+                       f"{listed_splits(dst, manifest)}")
+    with OutputWriter(out, kind="export") as output:
+        counts = write_storage(parts, out, output=output, storage_format=storage_format, split=split,
+                               max_tokens_per_shard=max_tokens_per_shard, source=manifest, dst=dst)
+        output.commit({"format": storage_format, "source": str(dst.resolve()), "split": split,
+                       "domains": counts})
     return counts
 
 

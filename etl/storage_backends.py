@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import abc
 import os
-import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from etl import columns as c
 from etl.errors import EtlError
+
+if TYPE_CHECKING:
+    from etl.ownership import OutputWriter
 
 META_FILE = "meta.json"
 SEQUENCE = "sequence"
@@ -30,11 +32,6 @@ DTYPES = {
     OFFSETS: np.dtype("<i8"),
     c.LOSS_WEIGHT: np.dtype("<f4"),
 }
-# Every file name a backend ever writes in a domain folder (final or temporary), so a new export
-# can remove what an earlier one (other format, more shards) left, and nothing else.
-_OURS = re.compile(
-    r"\.?(?:(?:sequence|loss_mask|offsets|loss_weight)|data)(?:-\d{5})?\.(?:bin|h5)(?:\.tmp)?"
-)
 # 64 Ki elements = 512 KiB of int64 per h5 chunk: a few typical sequences, so a random read
 # decompresses little, while gzip still sees enough data to compress well.
 H5_CHUNK = 65_536
@@ -44,20 +41,20 @@ def _shard_name(stem: str, k: int, n: int, ext: str) -> str:
     return f"{stem}.{ext}" if n == 1 else f"{stem}-{k:05d}.{ext}"
 
 
-def clean(folder: Path, *, keep: frozenset[Path] | set[Path] = frozenset()) -> None:
-    """Remove every file an earlier export may have left, except this export's ``keep``."""
-    for p in folder.iterdir():
-        if _OURS.fullmatch(p.name) and p not in keep and p.is_file():
-            p.unlink()
-
-
 class Backend(abc.ABC):
-    """Writes a domain's shards; `weights` says whether a ``loss_weight`` stream is written."""
+    """Writes a domain's shards; `weights` says whether a ``loss_weight`` stream is written.
+
+    Every file goes through ``output``: journaled before it is created, listed once renamed.
+    """
 
     ext = ""
 
-    def __init__(self, *, weights: bool) -> None:
-        self.weights = weights
+    def __init__(self, *, weights: bool, output: OutputWriter) -> None:
+        self.weights, self.output = weights, output
+
+    def _rename(self, tmp: Path, final: Path) -> None:
+        os.replace(tmp, self.output.reserve(final))
+        self.output.add(final)
 
     def streams(self) -> list[str]:
         """Names of the per-shard arrays, in file order."""
@@ -77,7 +74,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def finish(self, folder: Path, n: int) -> list[dict[str, str]]:
-        """Remove earlier exports' files, rename the n shards; returns {stream: file} per shard."""
+        """Rename the n shards to their final names; returns {stream: file} per shard."""
 
     def abort(self, folder: Path, n: int) -> None:
         """Remove the temporary files of a failed export (earlier finished files stay)."""
@@ -93,7 +90,7 @@ class BinBackend(Backend):
 
     def open(self, folder: Path, k: int) -> None:
         for stream in self.streams():
-            self.tmp(folder, k, stream).write_bytes(b"")
+            self.output.reserve(self.tmp(folder, k, stream)).write_bytes(b"")
         np.zeros(1, DTYPES[OFFSETS]).tofile(self.tmp(folder, k, OFFSETS))
 
     def append(self, folder: Path, k: int, arrays: dict[str, np.ndarray]) -> None:
@@ -104,12 +101,11 @@ class BinBackend(Backend):
                 arr.astype(DTYPES[stream], copy=False).tofile(f)
 
     def finish(self, folder: Path, n: int) -> list[dict[str, str]]:
-        clean(folder, keep={self.tmp(folder, k, s) for k in range(n) for s in self.streams()})
         files = []
         for k in range(n):
             names = {s: _shard_name(s, k, n, self.ext) for s in self.streams()}
             for stream, name in names.items():
-                os.replace(self.tmp(folder, k, stream), folder / name)
+                self._rename(self.tmp(folder, k, stream), folder / name)
             files.append(names)
         return files
 
@@ -136,7 +132,7 @@ class H5Backend(Backend):
 
     def open(self, folder: Path, k: int) -> None:
         h5py = _h5py()
-        with h5py.File(self.tmp(folder, k), "w") as f:
+        with h5py.File(self.output.reserve(self.tmp(folder, k)), "w") as f:
             for stream in self.streams():
                 f.create_dataset(
                     stream,
@@ -158,11 +154,10 @@ class H5Backend(Backend):
                 ds[n:] = arr.astype(DTYPES[stream], copy=False)
 
     def finish(self, folder: Path, n: int) -> list[dict[str, str]]:
-        clean(folder, keep={self.tmp(folder, k) for k in range(n)})
         files = []
         for k in range(n):
             name = _shard_name(H5_NAME, k, n, self.ext)
-            os.replace(self.tmp(folder, k), folder / name)
+            self._rename(self.tmp(folder, k), folder / name)
             files.append({H5_NAME: name})
         return files
 

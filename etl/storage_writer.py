@@ -17,18 +17,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from etl import columns as c
 from etl.errors import EtlError
 from etl.loader.ragged import Ragged, from_arrow  # numpy/pyarrow only; no torch
+from etl.ownership import RESERVED, tmp_of
+from etl.parts import open_part
 from etl.progress import rows_bar
-from etl.storage_backends import BACKENDS, META_FILE, OFFSETS, SEQUENCE, Backend, clean
+from etl.storage_backends import META_FILE, OFFSETS, SEQUENCE, Backend
 
 _UNSAFE = re.compile(r'[\x00-\x1f\x7f/\\%:*?"<>|]')
-# With OUT == DST (`etl run` with storage_format bin/h5) these already exist next to the domains.
-# Compared casefolded: on macOS / Windows "Data" is the same folder as "data".
-_RESERVED = {n.casefold() for n in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR, c.MANIFEST_FILE, "_val")}
 
 
 def domain_folder(domain: str) -> str:
@@ -38,7 +36,7 @@ def domain_folder(domain: str) -> str:
     A name equal to one of DST's own entries or starting with "." gets its first character escaped.
     """
     name = _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), domain)
-    if name.casefold() in _RESERVED or name.startswith("."):
+    if name.casefold() in RESERVED or name.startswith("."):
         name = f"%{ord(name[0]):02X}{name[1:]}"
     if len(name.encode()) > 240:  # most filesystems stop at 255 bytes per name
         raise EtlError(
@@ -113,12 +111,13 @@ class DomainWriter:
 
     def finish(self, head: dict[str, Any]) -> dict[str, int]:
         """Rename the shards to their final names, then write meta.json; returns the counts."""
-        (self.folder / META_FILE).unlink(missing_ok=True)  # never a new meta over old files
         files = self.backend.finish(self.folder, len(self.shards))
         meta = build_meta(head, self.shards, files, weights=self.backend.weights)
-        tmp = self.folder / f".{META_FILE}.tmp"
+        path = self.backend.output.reserve(self.folder / META_FILE)
+        tmp = tmp_of(path)
         tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, self.folder / META_FILE)
+        os.replace(tmp, path)
+        self.backend.output.add(path)
         return {
             "sequences": meta["num_sequences"],
             "tokens": meta["num_tokens"],
@@ -180,7 +179,7 @@ def _row_groups(
     files: list[Path], *, weights: bool, bar: Any
 ) -> Iterator[tuple[list[tuple[str, np.ndarray | None]], Ragged]]:
     for path in files:
-        pf = pq.ParquetFile(path)
+        pf = open_part(path)
         names = pf.schema_arrow.names
         missing = [n for n in (c.INPUT_IDS, c.LOSS_MASK) if n not in names]
         if missing:
@@ -196,26 +195,6 @@ def _row_groups(
                 rg = dataclasses.replace(rg, weight=np.ones(rg.ids.shape[0], np.float32))
             bar.update(table.num_rows)
             yield domains_of(table), rg
-
-
-def remove_stale(out: Path, *, keep: set[str]) -> None:
-    """Remove domain folders an earlier bin/h5 export left in ``out`` that this one did not write.
-
-    Only folders with a storage meta.json are touched, and in them only files this module names,
-    so OUT == DST keeps `data/`, `turns/` and anything a user put there.
-    """
-    for meta in out.glob(f"*/{META_FILE}"):
-        folder = meta.parent
-        try:
-            ours = json.loads(meta.read_text(encoding="utf-8")).get("format") in BACKENDS
-        except (ValueError, AttributeError):  # not our meta.json: leave the folder alone
-            ours = False
-        if folder.name in keep or not ours:
-            continue
-        meta.unlink()
-        clean(folder)
-        if not any(folder.iterdir()):
-            folder.rmdir()
 
 
 def write_domains(

@@ -27,3 +27,27 @@ def pipeline_examples(convs: list[list[dict[str, object]]], config: RunConfig, t
     )
     examples, plan = build_examples(records_frame("mem.jsonl", good), ctx)
     return examples, plan, ctx
+
+
+def seal(root: Path, manifest: dict[str, object] | None = None) -> Path:
+    """Write `manifest` (default: the one there) as `root/_manifest.json`, listing every Parquet
+    part under data/, turns/ and _rejects/ with rows, bytes and sha256 as `etl run` does, so a
+    hand-built or hand-edited DST reads as a finished output (readers accept only the parts a
+    manifest lists, as recorded)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from etl import columns as c
+    from etl.ownership import describe_file
+
+    if manifest is None:
+        manifest = json.loads((root / c.MANIFEST_FILE).read_text(encoding="utf-8"))
+
+    parts = [p for p in sorted(root.rglob("*.parquet"))
+             if p.relative_to(root).parts[0] in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR)]
+    files = [describe_file(p, root, rows=pq.read_metadata(p).num_rows) for p in parts]
+    body = {"format_version": 2, **manifest, "files": files}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / c.MANIFEST_FILE).write_text(json.dumps(body, indent=2, sort_keys=True), encoding="utf-8")
+    return root

@@ -264,8 +264,10 @@ def test_input_folder_inside_the_output_folder_is_read(tmp_path: Path) -> None:
     for _ in range(2):  # the second run must not read the first run's data/ as input
         assert main(["run", str(raw), str(tmp_path / "out"), "--quiet"]) == 0
         assert read_manifest(tmp_path / "out")["counts"]["read"] == 1
-    assert main(["run", str(tmp_path / "out"), str(tmp_path / "out"), "--quiet"]) == 0
-    assert read_manifest(tmp_path / "out")["counts"]["read"] == 1
+    # DST = SRC mixes the two: refused, nothing touched.
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert main(["run", str(tmp_path / "out"), str(tmp_path / "out"), "--quiet"]) == 2
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
 @pytest.mark.parametrize(

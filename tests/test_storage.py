@@ -18,9 +18,9 @@ import pytest
 from etl import columns as c
 from etl.cli import main
 from etl.errors import EtlError
-from etl.manifest import write_manifest
 from etl.storage import domain_folder, read_bin, read_meta, write_bin, write_h5
 from etl.writer import DATA_SCHEMA
+from tests.helpers import seal
 
 REPO = Path(__file__).resolve().parents[1]
 PLAIN = ["loss_mask.bin", "meta.json", "offsets.bin", "sequence.bin"]  # one shard: seed names
@@ -68,8 +68,7 @@ def make_dst(root: Path, rows: list = ROWS, **extra: Any) -> Path:
         path = root / c.DATA_DIR / "train" / f"part-{k:05d}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(_table(part, **cols), path, row_group_size=2)
-    write_manifest(root, {"pad_id": 0, "eot_id": 99, "seq_len": 16, "tokenizer": {"name": "b"}})
-    return root
+    return seal(root, {"pad_id": 0, "eot_id": 99, "seq_len": 16, "tokenizer": {"name": "b"}})
 
 
 def expected(domain: str) -> list[tuple[list[int], list[bool]]]:
@@ -191,6 +190,7 @@ def test_out_is_dst_with_awkward_domains_and_weights(tmp_path: Path) -> None:
     assert sorted(p.name for p in dst.iterdir()) == [
         "%64ata",
         "__default__",
+        "_export.json",
         "_manifest.json",
         "a%2Fb",
         c.DATA_DIR,
@@ -213,7 +213,7 @@ def test_reexport_removes_domains_it_no_longer_has(dst: Path, tmp_path: Path) ->
     (out / "notes.txt").write_text("mine")
     (out / "code" / "mine.txt").write_text("mine")
     write_bin(make_dst(tmp_path / "wiki_only", [r for r in ROWS if r[0] == "wiki"]), out)
-    assert sorted(p.name for p in out.iterdir()) == ["code", "notes.txt", "wiki"]
+    assert sorted(p.name for p in out.iterdir()) == ["_export.json", "code", "notes.txt", "wiki"]
     assert [p.name for p in (out / "code").iterdir()] == ["mine.txt"]  # only our files go
     assert sorted(p.name for p in (out / "wiki").iterdir()) == PLAIN  # data.h5 replaced
 

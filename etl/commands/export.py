@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from etl.columns import DATA_DIR, SPLITS
+from etl.columns import SPLITS
 from etl.errors import EtlError
 
 NAME = "export"
@@ -37,10 +37,12 @@ def _storage(storage_format: str) -> Callable[..., dict[str, dict[str, int]]]:
         mask: bool,
         max_tokens_per_shard: int | None,
     ) -> dict[str, dict[str, int]]:
+        from etl.parts import listed_splits
         from etl.storage import DEFAULT_MAX_TOKENS_PER_SHARD, domain_folder, export_storage
 
         # Seed 004 has no splits: one split per OUT, the first requested one that exists.
-        have = [s for s in splits if (dst / DATA_DIR / s).is_dir()] or list(splits[:1])
+        present = listed_splits(dst)
+        have = [s for s in splits if s in present] or list(splits[:1])
         if len(have) > 1:
             print(
                 f"{storage_format} holds one split: {have[0]}; for {have[1:]} run again "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from typing import Any
 
 from etl.columns import DEFAULT_SEQ_LEN
 
@@ -54,7 +55,24 @@ def run(args: argparse.Namespace) -> int:
         # tokenize_plan includes the tokenizer's own time, shown on its own line too.
         stages = ", ".join(f"{name} {sec:.2f}s" for name, sec in sorted(timings.items(), key=lambda kv: -kv[1]))
         print(f"etl run timings: {stages}", file=sys.stderr)
-    return 0
+    return _incomplete(manifest)
+
+
+EXIT_INCOMPLETE = 3  # etl.cli: done, but some input could not be read to its end
+
+
+def _incomplete(manifest: dict[str, Any]) -> int:
+    """Warn, even with --quiet, about every input not read to its end; the exit status says so."""
+    lost = manifest.get("incomplete_inputs") or []
+    for item in lost:
+        what = "folder could not be listed" if item["reason"] == "unreadable_dir" else (
+            f"{item['records_read']:,} records salvaged, the rest lost" if item["records_read"]
+            else "nothing could be read")
+        print(f"etl run: warning: {item['path']}: {what} ({item['error']})", file=sys.stderr)
+    if lost:
+        print(f"etl run: warning: {len(lost)} input(s) incomplete; the output holds everything else "
+              f"(exit status {EXIT_INCOMPLETE})", file=sys.stderr)
+    return EXIT_INCOMPLETE if lost else 0
 
 
 def _reasons(counts: dict[str, int]) -> str:

@@ -21,6 +21,7 @@ from etl.columns import DATA_DIR, INPUT_IDS, LOSS_MASK, LOSS_WEIGHT, NUM_TOKENS
 from etl.errors import EtlError
 from etl.loader.ragged import Ragged, concat, from_arrow
 from etl.manifest import read_manifest
+from etl.parts import listed_parts, listed_splits, open_part
 
 
 class ParquetDataset(torch.utils.data.Dataset):
@@ -53,11 +54,14 @@ class ParquetDataset(torch.utils.data.Dataset):
     ):
         self.dst, self.split = Path(dst), split
         self.manifest: dict[str, Any] = read_manifest(dst)
-        self.files = sorted((self.dst / DATA_DIR / split).glob("*.parquet"))
+        # Exactly the parts the manifest lists, each checked for size and rows (a footer read
+        # each); page checksums are verified as row groups are read. No full sha256 here: a
+        # training start should not read 100s of GB twice.
+        self.files = listed_parts(self.dst, f"{DATA_DIR}/{split}", manifest=self.manifest)
         if not self.files:
             raise EtlError(
                 f"no Parquet files in {self.dst / DATA_DIR / split}; splits present: "
-                f"{sorted(p.name for p in (self.dst / DATA_DIR).glob('*')) or 'none'}"
+                f"{listed_splits(self.dst, self.manifest) or 'none'}"
             )
         self.cache_row_groups = max(1, cache_row_groups)
         self.cache_bytes = int(cache_mb * 2**20)
@@ -103,7 +107,7 @@ class ParquetDataset(torch.utils.data.Dataset):
             if self._stats_min[g] is not None and self._stats_min[g] >= min_tokens:
                 keep.append(np.arange(lo, hi, dtype=np.int64))
                 continue
-            pf = pq.ParquetFile(self.files[self._group_file[g]])
+            pf = open_part(self.files[self._group_file[g]])
             if NUM_TOKENS in pf.schema_arrow.names:
                 lengths = pf.read_row_group(int(self._group_index[g]), columns=[NUM_TOKENS])[0]
             else:  # older files: derive lengths from the ids column (reads it once)
@@ -157,7 +161,7 @@ class ParquetDataset(torch.utils.data.Dataset):
             return self._cache[g]
         f = int(self._group_file[g])
         if f not in self._handles:
-            self._handles[f] = pq.ParquetFile(self.files[f])
+            self._handles[f] = open_part(self.files[f])
         table = self._handles[f].read_row_group(int(self._group_index[g]), columns=self.columns)
         self.row_group_reads += 1
         weight = table.column(LOSS_WEIGHT) if LOSS_WEIGHT in self.columns else None

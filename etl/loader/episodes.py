@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from etl.columns import DATA_DIR, INPUT_IDS, LOSS_MASK, SPLITS
 from etl.errors import EtlError
 from etl.loader.ragged import from_arrow
 from etl.manifest import read_manifest
+from etl.ownership import OutputWriter, tmp_of
+from etl.parts import listed_parts, listed_splits, open_part
 from etl.progress import rows_bar
 
 TOKENS_FILE, MASK_FILE, INDEX_FILE, META_FILE = (
@@ -30,16 +31,18 @@ TOKENS_FILE, MASK_FILE, INDEX_FILE, META_FILE = (
 )
 
 
-def _export_split(files: list[Path], out: Path, *, mask: bool) -> dict[str, int]:
+def _export_split(files: list[Path], out: Path, *, mask: bool, output: OutputWriter) -> dict[str, int]:
     """Stream one split, row group by row group (memory: one row group), to temp files."""
     out.mkdir(parents=True, exist_ok=True)
     names = [TOKENS_FILE, INDEX_FILE] + ([MASK_FILE] if mask else [])
-    handles = {n: open(out / f"{n}.tmp", "wb") for n in names}  # noqa: SIM115 (closed below)
+    for n in names:  # journaled before created; the temp names go with them
+        output.reserve(out / n)
+    handles = {n: open(tmp_of(out / n), "wb") for n in names}  # noqa: SIM115 (closed below)
     episodes = tokens = 0
     bar = rows_bar(files, desc=f"etl export {out.name}")
     try:
         for path in files:
-            pf = pq.ParquetFile(path)
+            pf = open_part(path)
             for g in range(pf.num_row_groups):
                 table = pf.read_row_group(g, columns=[INPUT_IDS, LOSS_MASK])
                 bar.update(table.num_rows)
@@ -57,10 +60,10 @@ def _export_split(files: list[Path], out: Path, *, mask: bool) -> dict[str, int]
         for h in handles.values():
             h.close()
     for n in names:  # rename only after every file is complete
-        os.replace(out / f"{n}.tmp", out / n)
-    if not mask:  # a mask.bin left from an earlier export would no longer match the tokens
-        (out / MASK_FILE).unlink(missing_ok=True)
+        os.replace(tmp_of(out / n), out / n)
+        output.add(out / n)
     return {"episodes": episodes, "tokens": tokens}
+
 
 
 def export_episodes(
@@ -86,32 +89,29 @@ def export_episodes(
     """
     manifest = read_manifest(dst)
     out = Path(out)
-    # A re-export into the same OUT: meta.json goes first (a half-written export never looks
-    # finished), and a split folder this export does not write must not survive from the last.
-    (out / META_FILE).unlink(missing_ok=True)
-    for stale in SPLITS:
-        if stale not in splits or not (Path(dst) / DATA_DIR / stale).is_dir():
-            for name in (TOKENS_FILE, MASK_FILE, INDEX_FILE):
-                (out / stale / name).unlink(missing_ok=True)
-    counts: dict[str, dict[str, int]] = {}
-    for split in splits:
-        files = sorted((Path(dst) / DATA_DIR / split).glob("*.parquet"))
-        if files:
-            counts[split] = _export_split(files, out / split, mask=mask)
-    if not counts:
+    have = listed_splits(dst, manifest)
+    chosen = {s: listed_parts(dst, f"{DATA_DIR}/{s}", manifest=manifest, checksum=True)
+              for s in splits if s in have}
+    if not chosen:
         raise EtlError(f"no Parquet data for splits {list(splits)} under {Path(dst) / DATA_DIR}")
-    meta = {
-        "source": str(Path(dst).resolve()),
-        "pad_id": manifest.get("pad_id"),
-        "eot_id": manifest.get("eot_id"),
-        "seq_len": manifest.get("seq_len"),
-        "tokenizer": manifest.get("tokenizer"),
-        "template": manifest.get("template"),
-        "splits": counts,
-    }
-    tmp = out / f"{META_FILE}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, out / META_FILE)
+    # OUT is claimed like a run's DST: the previous export's files (OUT/_export.json) are
+    # replaced, so a split this export does not write cannot survive from the last one.
+    with OutputWriter(out, kind="export") as output:
+        counts = {s: _export_split(files, out / s, mask=mask, output=output) for s, files in chosen.items()}
+        meta = {
+            "source": str(Path(dst).resolve()),
+            "pad_id": manifest.get("pad_id"),
+            "eot_id": manifest.get("eot_id"),
+            "seq_len": manifest.get("seq_len"),
+            "tokenizer": manifest.get("tokenizer"),
+            "template": manifest.get("template"),
+            "splits": counts,
+        }
+        path = output.reserve(out / META_FILE)
+        tmp_of(path).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp_of(path), path)
+        output.add(path)
+        output.commit({"format": "episodes", "source": meta["source"], "splits": counts})
     return counts
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,6 @@ from etl.columns import (
     INPUT_IDS,
     LOSS_MASK,
     LOSS_WEIGHT,
-    MANIFEST_FILE,
     NUM_TOKENS,
     NUM_TRAINED,
     NUM_TURNS,
@@ -29,6 +27,7 @@ from etl.columns import (
     SPLIT,
     TRUNCATED,
 )
+from tests.helpers import seal
 
 Example = tuple[Sequence[int], Sequence[bool]]
 
@@ -95,8 +94,7 @@ def write_dst(
         "splits": {s: len(e) for s, e in splits.items()},
     }
     meta.update(manifest or {})
-    (root / MANIFEST_FILE).write_text(json.dumps(meta), encoding="utf-8")
-    return root
+    return seal(root, meta)
 
 
 def random_examples(n: int, *, seed: int, min_len: int = 2, max_len: int = 16) -> list[Example]:

@@ -14,6 +14,8 @@ from etl.columns import INPUT_IDS, LOSS_MASK, LOSS_WEIGHT
 from etl.errors import EtlError
 from etl.loader.dataset import ParquetDataset
 
+from tests.helpers import seal
+
 from .conftest import random_examples, write_dst
 
 
@@ -121,6 +123,7 @@ def test_uint8_loss_mask_is_read_as_bool(dst: Path) -> None:
         table[LOSS_MASK].cast(pa.list_(pa.uint8())),
     )
     pq.write_table(as_uint8, path, row_group_size=4)
+    seal(dst)  # as if etl had written it so
     ds = ParquetDataset(dst, split="val")
     expected = random_examples(10, seed=2)
     assert ds[3][LOSS_MASK].dtype == np.bool_

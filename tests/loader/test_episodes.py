@@ -93,7 +93,7 @@ def test_export_writes_the_seed_002_binary_layout(
         == 0
     )
     assert capsys.readouterr().out.startswith("val: 2 episodes, 5 tokens -> ")
-    assert sorted(p.name for p in (episodes.parent / "again").iterdir()) == ["meta.json", "val"]
+    assert sorted(p.name for p in (episodes.parent / "again").iterdir()) == ["_export.json", "meta.json", "val"]
     assert not (episodes.parent / "again" / "val" / "mask.bin").exists()
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tests.helpers import seal
+
 SPECIAL = {"<|sys|>": 256, "<|usr|>": 257, "<|asst|>": 258, "<|eot|>": 259}
 HEADER = {"system": 256, "user": 257, "assistant": 258}
 EOT = 259
@@ -204,9 +206,7 @@ def write_dst(
     if rejects is not None:
         (root / "_rejects").mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(rejects), root / "_rejects" / "part-00000.parquet")
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "_manifest.json").write_text(json.dumps(manifest(counts), indent=2))
-    return root
+    return seal(root, manifest(counts))
 
 
 def etl_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

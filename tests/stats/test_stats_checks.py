@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.stats import run_query
+from tests.helpers import seal
 from tests.stats.recount import examples, keyed, table
 from tests.stats.stats_fixtures import EOT, SEP
 
@@ -162,6 +163,7 @@ def test_consistency_finds_broken_outputs(dst: Path, tmp_path: Path) -> None:
     turns[4]["trained"] = False  # an assistant turn whose tokens are trained
     turns.append({**turns[1], "id": "ghost"})
     pq.write_table(pa.Table.from_pylist(turns, pq.read_schema(part)), part)
+    seal(broken)  # as if etl had written these broken parts (readers refuse parts edited after)
     expected = consistency_violations(broken)
     assert sum(n for n, _ in expected.values()) >= 7
     got = {
