@@ -85,7 +85,7 @@ def test_chat_keys_are_data_not_sql() -> None:
     key = "it's \"odd\"; drop table raw; --"
     row = one("chat", {key: [{"role": "user", "content": "x"}]}, messages_key=key)
     assert row["messages"] == [msg("user", "x")]
-    assert reason("chat", {"messages": []}, messages_key=key) == ("missing_key", f'no "{key}" key')
+    assert reason("chat", {"messages": []}, messages_key=key) == ("missing_key", f'no "{key}" key; record keys: ["messages"]')
 
 
 @pytest.mark.parametrize(("record", "expected"), [
@@ -93,8 +93,8 @@ def test_chat_keys_are_data_not_sql() -> None:
     (INVALID_UTF8 + "b'\\xff'", ("invalid_utf8", "the line is not valid UTF-8")),
     ([1], ("not_an_object", "the record is a list, not an object")),
     ('"s"', ("not_an_object", "the record is a string, not an object")),
-    ({"other": 1}, ("missing_key", 'no "messages" key')),
-    ({"messages": None}, ("missing_key", '"messages" is null')),
+    ({"other": 1}, ("missing_key", 'no "messages" key; record keys: ["other"]')),
+    ({"messages": None}, ("missing_key", '"messages" is null; record keys: ["messages"]')),
     ({"messages": "x"}, ("not_a_list", '"messages" is a string, not a list of messages')),
     ({"messages": []}, ("empty_messages", '"messages" is an empty list')),
     ({"messages": [{"role": "user", "content": "a"}, 5]},
@@ -173,7 +173,7 @@ def test_sharegpt_role_map_extends_and_overrides() -> None:
 
 
 @pytest.mark.parametrize(("record", "options", "expected"), [
-    ({"messages": []}, {}, ("missing_key", 'no "conversations" key')),
+    ({"messages": []}, {}, ("missing_key", 'no "conversations" key; record keys: ["messages"]')),
     ({"conversations": [{"from": "human", "value": "x"}], "system": 3}, {},
      ("not_a_string", '"system" is a number, not a string')),
     ({"conversations": [{"from": "human", "value": "x"}], "tools": 3}, {"tools_key": "tools"},
@@ -208,8 +208,8 @@ def test_instruction_seed004_keys_still_append_input() -> None:
 
 
 @pytest.mark.parametrize(("record", "expected"), [
-    ({"output": "x"}, ("missing_key", 'no "prompt" or "instruction" key (or it is null)')),
-    ({"instruction": "x"}, ("missing_key", 'no "response" or "output" key (or it is null)')),
+    ({"output": "x"}, ("missing_key", 'no "prompt" or "instruction" key (or it is null); record keys: ["output"]')),
+    ({"instruction": "x"}, ("missing_key", 'no "response" or "output" key (or it is null); record keys: ["instruction"]')),
     ({"prompt": 1, "response": "r"}, ("not_a_string", '"prompt" is a number, not a string')),
     ({"instruction": "a", "output": ["b"]}, ("not_a_string", '"output" is a list, not a string')),
     ({"instruction": "a", "output": "b", "input": 5}, ("not_a_string", '"input" is a number, not a string')),
@@ -239,7 +239,7 @@ def test_prompt_completion_strip_suffix() -> None:
     assert build("prompt_completion", *recs)[0]["messages"][1]["content"] == "yes<|endoftext|>"
     row = one("prompt_completion", {"q": "a", "a": "b"}, prompt_key="q", completion_key="a")
     assert row["messages"] == [msg("user", "a"), msg("assistant", "b")]
-    assert reason("prompt_completion", {"prompt": "a"}) == ("missing_key", 'no "completion" key (or it is null)')
+    assert reason("prompt_completion", {"prompt": "a"}) == ("missing_key", 'no "completion" key (or it is null); record keys: ["prompt"]')
 
 
 # --- text ------------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def test_text_lengths_drop_and_rejects() -> None:
         ("drop:too_short", '"text" has 5 characters, fewer than min_chars 50'),
         ("drop:too_long", '"text" has 101 characters, more than max_chars 100'),
         ("not_a_string", '"text" is a number, not a string'),
-        ("missing_key", 'no "text" key'),
+        ("missing_key", 'no "text" key; record keys: ["body"]'),
     ]
     assert one("text", {"content": "hi"}, text_key="content", min_chars=0)["messages"] == [msg("text", "hi")]
 

@@ -100,15 +100,15 @@ def test_longer_marker_wins_where_one_is_a_prefix_of_another() -> None:
 def test_keys_are_data_not_sql() -> None:
     key = "it's \"odd\"; drop table raw; --"
     assert one("transcript", {key: "\n\nHuman: x"}, text_key=key)["messages"] == [msg("user", "x")]
-    assert reason("transcript", {"chosen": "x"}, text_key=key) == ("missing_key", f'no "{key}" key')
+    assert reason("transcript", {"chosen": "x"}, text_key=key) == ("missing_key", f'no "{key}" key; record keys: ["chosen"]')
 
 
 @pytest.mark.parametrize(("record", "expected"), [
     ("{bad", ("invalid_json", "the line is not valid JSON")),
     (INVALID_UTF8 + "b'\\xff'", ("invalid_utf8", "the line is not valid UTF-8")),
     (["\n\nHuman: x"], ("not_an_object", "the record is a list, not an object")),
-    ({"rejected": "\n\nHuman: x"}, ("missing_key", 'no "chosen" key')),
-    ({"chosen": None}, ("missing_key", '"chosen" is null')),
+    ({"rejected": "\n\nHuman: x"}, ("missing_key", 'no "chosen" key; record keys: ["rejected"]')),
+    ({"chosen": None}, ("missing_key", '"chosen" is null; record keys: ["chosen"]')),
     ({"chosen": ["\n\nHuman: x"]}, ("not_a_string", '"chosen" is a list, not a string')),
     ({"chosen": 3}, ("not_a_string", '"chosen" is a number, not a string')),
     ({"chosen": ""}, ("no_turns", '"chosen" contains none of the markers "\\n\\nHuman:", "\\n\\nAssistant:"')),

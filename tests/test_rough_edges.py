@@ -73,3 +73,26 @@ def test_inspect_checks_the_tokenizer_sha256_and_takes_tokenizer(tmp_path: Path)
     moved = etl("inspect", "out", "--row", "0", "--plain", "--tokenizer", "moved", cwd=tmp_path)
     assert moved.returncode == 0, moved.stderr
     assert "[[hello<|end|>]]" in moved.stdout
+
+
+def test_input_type_hint_fires_for_records_longer_than_the_raw_preview(tmp_path: Path) -> None:
+    turns = [{"from": "human", "value": "x" * 800}, {"from": "gpt", "value": "ok"}]
+    records = [{"conversations": turns, "id": str(i)} for i in range(3)]
+    assert all(len(json.dumps(r)) > 500 for r in records)  # longer than _rejects' raw preview
+    (tmp_path / "sg.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = etl("run", "sg.jsonl", "out", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "['conversations', 'id']: try --input-type sharegpt" in run.stderr
+
+
+def test_missing_key_detail_names_the_record_keys_on_one_bounded_line(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    many = {"prompt": "p", **{f"key {i}\n" + "k" * 100: i for i in range(30)}}
+    (tmp_path / "r.jsonl").write_text(json.dumps(many) + "\n")
+    for input_type in ("chat", "instruction", "text", "transcript"):
+        run = etl("run", "r.jsonl", "out", "--input-type", input_type, "--quiet", cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        (detail,) = pq.read_table(tmp_path / "out" / "_rejects").column("detail").to_pylist()
+        assert '; record keys: ["prompt","key 0\\nkkk' in detail and detail.endswith("(+19 more)")
+        assert "\n" not in detail and len(detail) < 700

@@ -104,20 +104,31 @@ KEY_HINTS = (
 
 
 def format_hint(manifest: dict[str, object], dst: str) -> str | None:
-    """When most records lack the key the input type needs, name the type their keys suggest."""
+    """When most records lack the key the input type needs, name the type their keys suggest.
+
+    The keys come from the first `missing_key` reject's detail, which the builder wrote from
+    the whole parsed record (`etl.formats.base.with_record_keys`): its `raw` column keeps only
+    the first 500 characters, too few to parse a long record.
+    """
     import json
 
     import pyarrow.parquet as pq
+
+    from etl.formats.base import RECORD_KEYS
 
     counts = manifest["counts"]
     assert isinstance(counts, dict)
     missing = counts["rejected"].get("missing_key", 0)
     if not counts["read"] or missing * 2 < counts["read"]:
         return None
-    rejects = pq.read_table(f"{dst}/_rejects", filters=[("reason", "=", "missing_key")], columns=["raw"])
+    rejects = pq.read_table(f"{dst}/_rejects", filters=[("reason", "=", "missing_key")], columns=["detail"])
+    detail = rejects.column("detail")[0].as_py() if rejects.num_rows else None
+    at = (detail or "").find(RECORD_KEYS)
+    if at < 0:
+        return None
     try:
-        keys = set(json.loads(rejects.column("raw")[0].as_py()))
-    except (ValueError, TypeError, IndexError):
+        keys = set(json.JSONDecoder().raw_decode(detail, at + len(RECORD_KEYS))[0])
+    except (ValueError, TypeError):
         return None
     current = manifest["config"]["input_type"]  # type: ignore[index]
     for key, kind in KEY_HINTS:

@@ -18,6 +18,12 @@ from etl.errors import EtlError
 from etl.reader import INVALID_UTF8
 
 RAW_PREVIEW_CHARS = 500
+# A `missing_key` detail ends with RECORD_KEYS and the record's keys as a JSON list (the
+# input-type hint of `etl run` reads them): a dozen keys of 40 characters name a layout and
+# keep the line under ~600 characters.
+RECORD_KEYS = "; record keys: "
+KEYS_SHOWN = 12
+KEY_CHARS = 40
 # The canonical message; train/weight stay NULL unless the record sets them per message.
 MESSAGE_TYPE = "struct(role varchar, content varchar, train boolean, weight double)"
 NL = "chr(10)"  # DuckDB string literals have no escapes: a newline is chr(10)
@@ -152,9 +158,23 @@ HEAD_DETAILS = f"""
 
 
 def missing_detail(key_param: str, path_param: str) -> str:
-    """Detail text for `missing_key`: absent, or present as JSON null."""
-    return f"""case when json_type(line, {path_param}) = 'NULL' then '"' || {key_param} || '" is null'
-                else 'no "' || {key_param} || '" key' end"""
+    """Detail text for `missing_key`: absent, or present as JSON null; then the record's keys."""
+    return with_record_keys(f"""case when json_type(line, {path_param}) = 'NULL' then '"' || {key_param} || '" is null'
+                else 'no "' || {key_param} || '" key' end""")
+
+
+def with_record_keys(detail: str) -> str:
+    """SQL appending `RECORD_KEYS` and the record's top-level keys (a JSON list) to a detail.
+
+    `raw` keeps only the first 500 characters, which often end before a long record's keys
+    do; the keys, read here from the whole parse, let `etl run` hint at the input type.
+    At most KEYS_SHOWN keys of KEY_CHARS characters each, JSON-escaped: one bounded line.
+    """
+    keys = "json_keys(line)"
+    return f"""({detail}) || $record_keys
+                || to_json(list_transform({keys}[1:$keys_shown], lambda k: left(k, $key_chars)))
+                || case when len({keys}) > $keys_shown then ' (+' || (len({keys}) - $keys_shown) || ' more)'
+                    else '' end"""
 
 
 def base_params(*, structure: dict[str, Any], roles: Sequence[str]) -> dict[str, Any]:
@@ -164,6 +184,9 @@ def base_params(*, structure: dict[str, Any], roles: Sequence[str]) -> dict[str,
         "structure": json.dumps(structure),
         "roles": list(roles),
         "preview": RAW_PREVIEW_CHARS,
+        "record_keys": RECORD_KEYS,
+        "keys_shown": KEYS_SHOWN,
+        "key_chars": KEY_CHARS,
     }
 
 

@@ -25,6 +25,7 @@ from etl.formats.base import (
     records_cte,
     register_builder,
     require_roles,
+    with_record_keys,
 )
 
 
@@ -62,7 +63,7 @@ final as (
             when sys_text is not null and not list_contains($roles, 'system') then 'unknown_role'
         end as reason,
         case reason {HEAD_DETAILS}
-            when 'missing_key' then case when p is null then $no_prompt else $no_response end
+            when 'missing_key' then {with_record_keys("case when p is null then $no_prompt else $no_response end")}
             when 'not_a_string' then case
                 when not {is_string("p")} then '"' || p_key || '" is ' || {kind("p")}
                 when not {is_string("r")} then '"' || r_key || '" is ' || {kind("r")}
