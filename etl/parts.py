@@ -10,6 +10,7 @@ Parquet page checksums that pyarrow readers verify (`open_part`).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import warnings
 from pathlib import Path
@@ -104,6 +105,16 @@ def listed_splits(dst: str | os.PathLike[str], manifest: dict[str, Any] | None =
     manifest = manifest if manifest is not None else read_manifest(dst)
     paths = [e["path"].split("/") for e in _entries(manifest, Path(dst))]
     return sorted({p[1] for p in paths if len(p) == 3 and p[0] == DATA_DIR})
+
+
+def fingerprint(parts: list[Path], dst: str | os.PathLike[str], manifest: dict[str, Any]) -> str:
+    """A short digest of exactly these parts as the manifest recorded them (path, rows, bytes,
+    sha256): equal for a byte-identical rerun, different for any other data."""
+    root = Path(dst)
+    wanted = {p.relative_to(root).as_posix() for p in parts}
+    entries = sorted((e for e in _entries(manifest, root) if e["path"] in wanted), key=lambda e: e["path"])
+    text = json.dumps([[e["path"], e["rows"], e["bytes"], e["sha256"]] for e in entries])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def open_part(path: Path) -> pq.ParquetFile:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from etl.errors import EtlError
+from etl.errors import EtlError, EtlWarning
 from etl.loader.collate import COLLATE_FNS, Truncation, resolve_pad_id
 from etl.loader.dataset import ParquetDataset
 from etl.loader.device import TorchCollate, resolve_device, to_device
@@ -197,12 +197,37 @@ class ParquetLoader:
         """Start ``epoch`` from its first batch on the next iteration."""
         self.epoch, self.position = int(epoch), 0
 
+    def _data(self) -> dict[str, Any]:
+        """What the batches are made of: the split's parts (a digest of their manifest entries),
+        the rows used, and the options that shape a batch. A resume must find all of it equal."""
+        ds, collate = self.dataset, self.collate_fn
+        shape = {k: collate.options[k] for k in ("pad_id", "pad_multiple", "truncation", "use_loss_mask")}
+        return {"fingerprint": ds.fingerprint, "dst": str(ds.dst), "split": ds.split, "rows": len(ds),
+                "seq_len": self.seq_len, "collate": collate.strategy, **shape}
+
     def state_dict(self) -> dict[str, Any]:
-        """What to save in a checkpoint: epoch and batches delivered, plus the sampler settings."""
-        return {**self.sampler.state_dict(), "epoch": self.epoch, "position": self.position}
+        """What to save in a checkpoint: epoch and batches delivered, the sampler settings, and
+        the identity of the data (`load_state_dict` refuses a state from other data)."""
+        return {**self.sampler.state_dict(), "epoch": self.epoch, "position": self.position,
+                "data": self._data()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at exactly the next batch after the one the saved state had delivered."""
+        """Resume at exactly the next batch after the one the saved state had delivered.
+
+        Raises:
+            EtlError: the state was saved on other data (another output or split, a rerun with
+                other results, other seq_len or batch shape) or with other sampler settings.
+        """
+        saved, now = state.get("data"), self._data()
+        if saved is None:
+            warnings.warn("this loader state carries no data fingerprint (saved by an older etl); "
+                          "resuming without checking it was saved on the same data", EtlWarning, stacklevel=2)
+        else:
+            differ = [f"{k}: now {now[k]!r}, saved {saved.get(k)!r}" for k in now
+                      if k != "dst" and saved.get(k) != now[k]]
+            if differ:
+                raise EtlError(f"cannot resume: the state was saved on other data ({'; '.join(differ)}); "
+                               f"load it with the output and options it was saved with ({saved.get('dst')})")
         self.sampler.load_state_dict(state)
         self.epoch, self.position = self.sampler.epoch, self.sampler.position
         if self.position >= len(self.sampler.batches(self.epoch)):

@@ -21,7 +21,7 @@ from etl.columns import DATA_DIR, INPUT_IDS, LOSS_MASK, LOSS_WEIGHT, NUM_TOKENS
 from etl.errors import EtlError
 from etl.loader.ragged import Ragged, concat, from_arrow
 from etl.manifest import read_manifest
-from etl.parts import listed_parts, listed_splits, open_part
+from etl.parts import fingerprint, listed_parts, listed_splits, open_part
 
 
 class ParquetDataset(torch.utils.data.Dataset):
@@ -63,6 +63,7 @@ class ParquetDataset(torch.utils.data.Dataset):
                 f"no Parquet files in {self.dst / DATA_DIR / split}; splits present: "
                 f"{listed_splits(self.dst, self.manifest) or 'none'}"
             )
+        self.fingerprint = fingerprint(self.files, self.dst, self.manifest)
         self.cache_row_groups = max(1, cache_row_groups)
         self.cache_bytes = int(cache_mb * 2**20)
         schema = pq.read_schema(self.files[0])
@@ -162,7 +163,10 @@ class ParquetDataset(torch.utils.data.Dataset):
         f = int(self._group_file[g])
         if f not in self._handles:
             self._handles[f] = open_part(self.files[f])
-        table = self._handles[f].read_row_group(int(self._group_index[g]), columns=self.columns)
+        try:
+            table = self._handles[f].read_row_group(int(self._group_index[g]), columns=self.columns)
+        except OSError as exc:  # a page checksum that fails: the part changed after the run
+            raise EtlError(f"{self.files[f]}: {exc}; it changed after etl wrote it, rerun `etl run`") from exc
         self.row_group_reads += 1
         weight = table.column(LOSS_WEIGHT) if LOSS_WEIGHT in self.columns else None
         ragged = from_arrow(table.column(INPUT_IDS), table.column(LOSS_MASK), weight)

@@ -13,7 +13,6 @@ import pytest
 from etl.columns import INPUT_IDS, LOSS_MASK, LOSS_WEIGHT
 from etl.errors import EtlError
 from etl.loader.dataset import ParquetDataset
-
 from tests.helpers import seal
 
 from .conftest import random_examples, write_dst
