@@ -179,8 +179,13 @@ class OutputWriter:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock.acquire()
         try:
-            self._remove_previous()
+            if (self.root / c.JOURNAL_FILE).is_file():
+                warnings.warn(f"{self.root}: removing what an interrupted etl writer left", EtlWarning,
+                              stacklevel=2)
+            owned = owned_files(self.root, REPLACES[self.kind])
             self._journal = open(self.root / c.JOURNAL_FILE, "a", encoding="utf-8")
+            self._journal_lines(owned)  # a kill while removing leaves them listed, never orphaned
+            self._remove(owned)
         except BaseException:
             self._lock.release()
             raise
@@ -195,18 +200,19 @@ class OutputWriter:
         finally:
             self._lock.release()
 
-    def _remove_previous(self) -> None:
+    def _journal_lines(self, rels: Iterable[str]) -> None:
+        self._journal.write("".join(json.dumps({"path": rel}) + "\n" for rel in rels))
+        self._journal.flush()
+        os.fsync(self._journal.fileno())  # on disk before the files exist: ~1 ms per call
+
+    def _remove(self, owned: set[str]) -> None:
         """Delete what the previous writer listed: its record first (never looks finished)."""
-        if (self.root / c.JOURNAL_FILE).is_file():
-            warnings.warn(f"{self.root}: removing what an interrupted etl writer left", EtlWarning, stacklevel=3)
-        owned = owned_files(self.root, REPLACES[self.kind])
         records = [RECORDS[k] for k in REPLACES[self.kind]]
         for rel in sorted(owned, key=lambda r: (r not in records, r)):
             for path in (self.root / rel, tmp_of(self.root / rel)):
                 if path.is_file() or path.is_symlink():
                     path.unlink()
             _prune_empty(self.root / rel, self.root)
-        (self.root / c.JOURNAL_FILE).unlink(missing_ok=True)
 
     def reserve(self, path: Path) -> Path:
         """Journal `path` (and its temp name) before it is created; refuse to overwrite a file
@@ -216,12 +222,17 @@ class OutputWriter:
             if rel in self._reserved:
                 return path
             if path.exists():
-                raise EtlError(f"{path} exists and was not written by etl; move it away and rerun")
-            self._journal.write(json.dumps({"path": rel}) + "\n")
-            self._journal.flush()
-            os.fsync(self._journal.fileno())  # on disk before the file exists: ~1 ms per part
+                raise EtlError(self._in_the_way(path, rel))
+            self._journal_lines([rel])
             self._reserved.add(rel)
         return path
+
+    def _in_the_way(self, path: Path, rel: str) -> str:
+        kept = [k for k in RECORDS if k not in REPLACES[self.kind]]
+        if rel in owned_files(self.root, kept):
+            return (f"{path} belongs to the etl {', '.join(kept)} output in {self.root}, which this "
+                    f"{self.kind} does not replace; write into another folder")
+        return f"{path} exists and was not written by etl; move it away and rerun"
 
     def add(self, path: Path, *, rows: int | None = None) -> None:
         """Record a complete file (it must have been reserved)."""

@@ -231,3 +231,24 @@ def test_export_claims_out_like_run_claims_dst(tmp_path: Path, clean: Path) -> N
     assert sorted(p.name for p in (fresh / "train").iterdir()) == ["mine.txt"]
     record = json.loads((fresh / "_export.json").read_text())
     assert record["format"] == "bin" and all(not f["path"].startswith("train/") for f in record["files"])
+
+
+def test_a_run_killed_while_removing_the_old_output_is_recovered(tmp_path: Path, clean: Path, monkeypatch) -> None:
+    import etl.ownership
+
+    dst = tmp_path / "out"
+    assert main(["run", str(EXAMPLES), str(dst), "--quiet", *SMALL_CHUNKS]) == 0
+    real, calls = etl.ownership._prune_empty, []
+
+    def killed(path: Path, root: Path) -> None:  # the process dies after a few deletions
+        calls.append(path)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real(path, root)
+
+    monkeypatch.setattr(etl.ownership, "_prune_empty", killed)
+    assert main(["run", str(EXAMPLES), str(dst), "--quiet"]) == 130
+    monkeypatch.setattr(etl.ownership, "_prune_empty", real)
+    assert not (dst / "_manifest.json").exists() and (dst / "_journal.jsonl").exists()
+    assert main(["run", str(EXAMPLES), str(dst), "--quiet"]) == 0  # still etl's: taken over
+    assert data_files(dst) == data_files(clean)
