@@ -23,6 +23,18 @@ from etl.loader.device import TorchCollate, resolve_device, to_device
 from etl.loader.samplers import SAMPLERS, EpochSampler, RandomSampler
 
 
+def _seq_len_error(given: int | None, run_seq_len: int | None) -> str:
+    """What is wrong with seq_len and the values it takes (the run's S when there is one)."""
+    what = (
+        "seq_len is S, the tokens per example before the shift (x and y hold T = S - 1), "
+        "so it must be an integer of 2 or more"
+    )
+    if given is None:
+        return f"the output's manifest has no seq_len; pass seq_len=S: {what}"
+    fix = f"; leave it out to use the S of `etl run` ({run_seq_len})" if run_seq_len else ""
+    return f"seq_len={given} is too small: {what}{fix}"
+
+
 def _check_choice(name: str, value: str, choices: list[str]) -> None:
     if value not in choices:
         raise EtlError(f"unknown {name} {value!r}; choose one of {choices}")
@@ -109,9 +121,9 @@ class ParquetLoader:
             dst, split=split, min_tokens=min_tokens, weights=weights, **cache
         )
         manifest = self.dataset.manifest
-        self.seq_len = int(seq_len or manifest.get("seq_len") or 0)
-        if self.seq_len < 2:
-            raise EtlError("no seq_len: pass seq_len=S (S = T + 1) or rerun `etl run --seq-len`")
+        self.seq_len = int(manifest.get("seq_len") or 0) if seq_len is None else int(seq_len)
+        if self.seq_len < 2:  # S = T + 1: one token makes no (x, y) pair at all
+            raise EtlError(_seq_len_error(seq_len, manifest.get("seq_len")))
         if manifest.get("seq_len") and self.seq_len < int(manifest["seq_len"]):
             # etl run truncated whole turns to its S; cutting again here is token-level and can
             # leave rows with nothing trained (an all -100 batch makes cross-entropy NaN).

@@ -169,3 +169,21 @@ def test_loader_errors(dst: Path, tmp_path: Path) -> None:
     with pytest.raises(EtlError, match="cannot fill one batch"):
         ParquetLoader(root, batch_size=8, pad_id=3)
     assert len(ParquetLoader(root, batch_size=3, drop_last=False, pad_id=3)) == 2
+
+
+@pytest.mark.parametrize("seq_len", [1, 0, -5])
+def test_a_seq_len_below_two_says_what_is_wrong_and_what_is_allowed(dst: Path, seq_len: int) -> None:
+    with pytest.raises(EtlError) as err:
+        ParquetLoader(dst, batch_size=4, seq_len=seq_len)
+    message = str(err.value)
+    assert f"seq_len={seq_len} is too small" in message and "T = S - 1" in message
+    assert "an integer of 2 or more" in message and "leave it out to use the S of `etl run` (16)" in message
+    with pytest.warns(UserWarning, match="below the S=16"):  # 2 is allowed, if cut token-wise
+        assert ParquetLoader(dst, batch_size=4, seq_len=2).seq_len == 2
+
+
+def test_a_manifest_without_seq_len_asks_for_one(tmp_path: Path) -> None:
+    root = write_dst(tmp_path / "noseq", {"train": random_examples(4, seed=0)}, manifest={"seq_len": None})
+    with pytest.raises(EtlError, match=r"manifest has no seq_len; pass seq_len=S: .* 2 or more"):
+        ParquetLoader(root, batch_size=2)
+    assert ParquetLoader(root, batch_size=2, seq_len=8).seq_len == 8
