@@ -24,9 +24,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.columns import DATA_DIR, INPUT_IDS, LOSS_MASK, MANIFEST_FILE, NUM_TOKENS
+from etl.columns import (
+    DATA_DIR,
+    INPUT_IDS,
+    LOSS_MASK,
+    MANIFEST_FILE,
+    MANIFEST_FORMAT_VERSION,
+    NUM_TOKENS,
+)
 from etl.loader.dataloader import ParquetLoader
-from etl.manifest import write_manifest
+from etl.ownership import OutputWriter
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
@@ -67,15 +74,19 @@ def build_synthetic(dst: Path, *, rows: int = 55_185, seed: int = 0) -> str:
             NUM_TOKENS: pa.array(lengths.astype(np.int32)),
         }
     )
-    (dst / DATA_DIR / "train").mkdir(parents=True)
-    pq.write_table(table, dst / DATA_DIR / "train" / "part-00000.parquet", row_group_size=1024)
-    write_manifest(dst, {"pad_id": 151643, "eot_id": 151645, "seq_len": T + 1})
+    with OutputWriter(dst, kind="run") as output:  # listed in a manifest, as readers require
+        part = output.reserve(dst / DATA_DIR / "train" / "part-00000.parquet")
+        part.parent.mkdir(parents=True)
+        pq.write_table(table, part, row_group_size=1024)
+        output.add(part, rows=table.num_rows)
+        output.commit({"format_version": MANIFEST_FORMAT_VERSION, "pad_id": 151643, "eot_id": 151645, "seq_len": T + 1})
     return "SYNTHETIC Parquet shaped like T0 (etl run or ../shared unavailable)"
 
 
 def default_dst(cache: Path, synthetic: bool) -> tuple[Path, str]:
     dst = cache / ("synthetic" if synthetic else "t0-qwen2.5")
-    if (dst / MANIFEST_FILE).is_file():
+    manifest = dst / MANIFEST_FILE
+    if manifest.is_file() and json.loads(manifest.read_text()).get("format_version") == MANIFEST_FORMAT_VERSION:
         return dst, f"cached {dst}"
     cache.mkdir(parents=True, exist_ok=True)
     if not synthetic and T0.is_file() and QWEN.is_dir():

@@ -11,6 +11,9 @@ DEFAULT_SEQ_LEN = 2048
 
 # Layout of DST/.
 MANIFEST_FILE = "_manifest.json"
+# 2: the manifest's `files` lists every file written with rows, bytes and sha256 (1: data/turns
+# paths only); readers accept 2 and newer.
+MANIFEST_FORMAT_VERSION = 2
 DATA_DIR = "data"
 TURNS_DIR = "turns"
 REJECTS_DIR = "_rejects"

@@ -16,6 +16,7 @@ import duckdb
 import pyarrow as pa
 
 from etl import __version__
+from etl import columns as c
 from etl import stages as st
 from etl.builders import BUILDERS
 from etl.config import RunConfig
@@ -26,9 +27,6 @@ from etl.reader import Source
 from etl.templates import TemplateIds, resolve_template
 from etl.tokenizer import TextTokenizer, encode_template_text
 from etl.writer import write_part
-
-# 2: `files` lists every file written with rows, bytes and sha256 (1: data/turns paths only).
-FORMAT_VERSION = 2
 
 
 @dataclass
@@ -201,7 +199,7 @@ def build_context(config: RunConfig, dst: Path) -> Context:
 def manifest_for(ctx: Context, sources: list[Source], seconds: float) -> dict[str, Any]:
     tok = ctx.tokenizer
     return {
-        "format_version": FORMAT_VERSION,
+        "format_version": c.MANIFEST_FORMAT_VERSION,
         "etl_version": __version__,
         "config": ctx.config.to_json(),
         "inputs": [s.name for s in sources],

@@ -1,4 +1,5 @@
-"""Read and write `DST/_manifest.json`: the config, tokenizer, template, ids and counts of a run."""
+"""Read `DST/_manifest.json`: the config, tokenizer, template, ids, counts and files of a run
+(`etl.ownership.OutputWriter.commit` writes it, last)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,3 @@ def read_manifest(dst: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path} not found: {dst} is not a finished etl output; run `etl run SRC {dst}` first"
         )
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def write_manifest(dst: str | os.PathLike[str], manifest: dict[str, Any]) -> Path:
-    """Write the manifest atomically (temp name + rename); it is the last file a run writes."""
-    path = Path(dst) / MANIFEST_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from etl.columns import DATA_DIR
+from etl.columns import DATA_DIR, MANIFEST_FORMAT_VERSION
 from etl.errors import EtlError, EtlWarning
 from etl.manifest import read_manifest
 
@@ -27,7 +27,7 @@ RERUN = "rerun `etl run` to rewrite it"
 
 def _entries(manifest: dict[str, Any], dst: Path) -> list[dict[str, Any]]:
     files = manifest.get("files")
-    if manifest.get("format_version", 1) < 2 or not isinstance(files, list):
+    if manifest.get("format_version", 1) < MANIFEST_FORMAT_VERSION or not isinstance(files, list):
         raise EtlError(
             f"{dst} was written by an older etl whose manifest does not list its files with "
             f"checksums; {RERUN}"

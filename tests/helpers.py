@@ -47,7 +47,7 @@ def seal(root: Path, manifest: dict[str, object] | None = None) -> Path:
     parts = [p for p in sorted(root.rglob("*.parquet"))
              if p.relative_to(root).parts[0] in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR)]
     files = [describe_file(p, root, rows=pq.read_metadata(p).num_rows) for p in parts]
-    body = {"format_version": 2, **manifest, "files": files}
+    body = {"format_version": c.MANIFEST_FORMAT_VERSION, **manifest, "files": files}
     root.mkdir(parents=True, exist_ok=True)
     (root / c.MANIFEST_FILE).write_text(json.dumps(body, indent=2, sort_keys=True), encoding="utf-8")
     return root
