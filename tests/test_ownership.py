@@ -252,3 +252,17 @@ def test_a_run_killed_while_removing_the_old_output_is_recovered(tmp_path: Path,
     assert not (dst / "_manifest.json").exists() and (dst / "_journal.jsonl").exists()
     assert main(["run", str(EXAMPLES), str(dst), "--quiet"]) == 0  # still etl's: taken over
     assert data_files(dst) == data_files(clean)
+
+
+def test_a_full_disk_says_so_and_where(tmp_path: Path, monkeypatch, capsys) -> None:
+    import etl.writer
+
+    def full(table: object, where: object, **kwargs: object) -> None:  # as pyarrow reports it
+        raise OSError("Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+    monkeypatch.setattr(etl.writer.pq, "write_table", full)
+    dst = tmp_path / "out"
+    assert main(["run", str(EXAMPLES), str(dst), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "no space left on device while writing" in err and str(dst) in err
+    assert "internal error" not in err and len(err.strip().splitlines()) == 1
