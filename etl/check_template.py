@@ -28,6 +28,7 @@ from etl.config import RunConfig
 from etl.context import Context, build_context
 from etl.errors import EtlError
 from etl.examples import build_examples, records_frame
+from etl.formats.base import record_keys
 from etl.reader import discover, read_chunks
 
 Message = dict[str, str]
@@ -53,18 +54,26 @@ class Diff:
 
 @dataclass
 class CheckReport:
-    """Counts over the examples checked; `identical_loose` ignores bos/eos/trailing whitespace."""
+    """Counts over the examples checked; `identical_loose` ignores bos/eos/trailing whitespace.
+
+    `template_default_system` is the system text the tokenizer's chat_template inserts itself
+    (None when it inserts none or cannot be derived); `record_keys` the top-level keys of the
+    first record rejected for a missing key, which hint at the input type the data needs.
+    """
 
     template: str
     tokenizer: str
     reference: str
     default_system: str | None
     template_notes: str
+    input_type: str = "chat"
+    template_default_system: str | None = None
     examples: int = 0
     identical: int = 0
     identical_loose: int = 0
     differ_with_special_text: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
+    record_keys: list[str] = field(default_factory=list)
     first_diff: Diff | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -161,6 +170,22 @@ def context_for(config: RunConfig) -> Context:
                    con=duckdb.connect(), bos=list(ids.bos), eos=list(ids.eos))
 
 
+def own_default_system(ctx: Context) -> str | None:
+    """The system text the tokenizer's chat_template inserts when a conversation has none.
+
+    With a preset template (`--template chatml`) it is derived from the chat_template as `hf`
+    would; a chat_template `hf` cannot express gives None: this only feeds a hint.
+    """
+    from etl.hf_template import HF, resolve_template_name
+
+    if ctx.config.template == HF:
+        return getattr(ctx.template.template, "default_system", None)
+    try:
+        return resolve_template_name(HF, ctx.tokenizer).default_system
+    except EtlError:
+        return None
+
+
 def _good_rows(raw: pa.Table, ctx: Context, report: CheckReport, *, room: int | None) -> pa.Table:
     """Parse a chunk with the run's builder; count rejects up to the last good row kept (`room`)."""
     cfg = ctx.config
@@ -171,6 +196,9 @@ def _good_rows(raw: pa.Table, ctx: Context, report: CheckReport, *, room: int | 
         good = good.slice(0, room)
         last = good.column(c.SOURCE_LINE)[-1].as_py() if room else -1
         parsed = parsed.filter(pc.less_equal(parsed.column(c.SOURCE_LINE), last))
+    if not report.record_keys:
+        missing = parsed.filter(pc.equal(parsed.column(c.REASON), "missing_key"))
+        report.record_keys = record_keys(missing.column(c.DETAIL)[0].as_py()) if missing.num_rows else []
     # Builder rejects and builder drops ("drop:..." reasons) alike: neither reaches the pipeline.
     for item in pc.value_counts(parsed.column(c.REASON).drop_null()).to_pylist():
         report.rejected[item["values"]] = report.rejected.get(item["values"], 0) + item["counts"]
@@ -222,7 +250,8 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
     ref = Reference(ctx)
     template = ctx.template.template
     report = CheckReport(template=template.name, tokenizer=ctx.tokenizer.name, reference=REFERENCE_PATH,
-                         default_system=config.default_system, template_notes=template.notes)
+                         default_system=config.default_system, template_notes=template.notes,
+                         input_type=config.input_type, template_default_system=own_default_system(ctx))
     for source in discover(src):
         for raw in read_chunks(source, chunk_bytes=config.chunk_bytes):
             good = _good_rows(raw, ctx, report, room=None if limit is None else limit - report.examples)

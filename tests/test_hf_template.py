@@ -9,6 +9,7 @@ Qwen2.5 / Phi-3 tests use ../shared/data and skip when it is absent.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -84,7 +85,10 @@ def test_check_template_cli_on_tiny(tiny: Path, capsys: pytest.CaptureFixture[st
 def test_check_template_text_output(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-template", str(ASSETS / "chats.jsonl"), "--tokenizer", str(tiny), "--limit", "2"]) == 0
     out = capsys.readouterr().out
-    assert "examples: 2" in out and "identical ids: 2 (100.0%)" in out and "first difference" not in out
+    assert re.search(r"^  examples checked +2$", out, re.MULTILINE)
+    assert re.search(r"^  identical ids +2  100.0%$", out, re.MULTILINE)
+    assert "verdict: template hf gives the chat_template's ids on every example" in out
+    assert "first difference" not in out
 
 
 def test_check_template_without_default_system_lets_the_template_inject_its_own(tiny: Path) -> None:

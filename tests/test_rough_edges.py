@@ -96,3 +96,30 @@ def test_missing_key_detail_names_the_record_keys_on_one_bounded_line(tmp_path: 
         (detail,) = pq.read_table(tmp_path / "out" / "_rejects").column("detail").to_pylist()
         assert '; record keys: ["prompt","key 0\\nkkk' in detail and detail.endswith("(+19 more)")
         assert "\n" not in detail and len(detail) < 700
+
+
+def test_check_template_without_a_config_reads_as_a_table_and_hints(tmp_path: Path) -> None:
+    tok = write_tiny_tokenizer(tmp_path / "tok")
+    chats = [CHAT, {"messages": [{"role": "user", "content": "Print <|end|>"}, {"role": "assistant", "content": "ok"}]}]
+    (tmp_path / "raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chats) + "{bad\n")
+    shown = etl("check-template", "raw.jsonl", "--tokenizer", str(tok), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "{" not in out.split("first difference")[0]  # no Python dict or JSON dump
+    assert "  records rejected, not checked" in out and "invalid_json 1" in out
+    assert "verdict: every differing example has special-token text in its content" in out
+    assert 'hint: to insert the chat_template\'s own system prompt where a conversation has none, set ' \
+        '"default_system": "You are tiny." in a --config file' in out
+
+
+def test_check_template_on_another_layout_names_the_input_type_in_one_line(tmp_path: Path) -> None:
+    tok = write_tiny_tokenizer(tmp_path / "tok")
+    turns = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]
+    (tmp_path / "sg.jsonl").write_text(json.dumps({"conversations": turns}) + "\n")
+    failed = etl("check-template", "sg.jsonl", "--tokenizer", str(tok), cwd=tmp_path)
+    assert failed.returncode == 2 and len(failed.stderr.strip().splitlines()) == 1
+    assert "rejected 1 (missing_key 1)" in failed.stderr and "{" not in failed.stderr
+    assert "try --input-type sharegpt" in failed.stderr
+    fixed = etl("check-template", "sg.jsonl", "--tokenizer", str(tok), "--input-type", "sharegpt", cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stderr
+    assert "verdict: template hf gives the chat_template's ids on every example" in fixed.stdout

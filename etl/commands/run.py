@@ -110,11 +110,9 @@ def format_hint(manifest: dict[str, object], dst: str) -> str | None:
     the whole parsed record (`etl.formats.base.with_record_keys`): its `raw` column keeps only
     the first 500 characters, too few to parse a long record.
     """
-    import json
-
     import pyarrow.parquet as pq
 
-    from etl.formats.base import RECORD_KEYS
+    from etl.formats.base import record_keys
 
     counts = manifest["counts"]
     assert isinstance(counts, dict)
@@ -122,14 +120,7 @@ def format_hint(manifest: dict[str, object], dst: str) -> str | None:
     if not counts["read"] or missing * 2 < counts["read"]:
         return None
     rejects = pq.read_table(f"{dst}/_rejects", filters=[("reason", "=", "missing_key")], columns=["detail"])
-    detail = rejects.column("detail")[0].as_py() if rejects.num_rows else None
-    at = (detail or "").find(RECORD_KEYS)
-    if at < 0:
-        return None
-    try:
-        keys = set(json.JSONDecoder().raw_decode(detail, at + len(RECORD_KEYS))[0])
-    except (ValueError, TypeError):
-        return None
+    keys = set(record_keys(rejects.column("detail")[0].as_py() if rejects.num_rows else None))
     current = manifest["config"]["input_type"]  # type: ignore[index]
     for key, kind in KEY_HINTS:
         if key in keys and kind != current:

@@ -177,6 +177,18 @@ def with_record_keys(detail: str) -> str:
                     else '' end"""
 
 
+def record_keys(detail: str | None) -> list[str]:
+    """The keys a `missing_key` detail names after `RECORD_KEYS` (empty for any other detail)."""
+    at = (detail or "").find(RECORD_KEYS)
+    if detail is None or at < 0:
+        return []
+    try:
+        keys = json.JSONDecoder().raw_decode(detail, at + len(RECORD_KEYS))[0]
+    except ValueError:
+        return []
+    return [str(k) for k in keys] if isinstance(keys, list) else []
+
+
 def base_params(*, structure: dict[str, Any], roles: Sequence[str]) -> dict[str, Any]:
     """Parameters every builder binds."""
     return {
