@@ -29,7 +29,7 @@ from etl.context import Context, build_context
 from etl.errors import EtlError
 from etl.examples import build_examples, records_frame
 from etl.formats.base import record_keys
-from etl.reader import discover, read_chunks
+from etl.reader import UnreadableFile, discover, read_chunks
 
 Message = dict[str, str]
 REFERENCE_PATH = (
@@ -253,10 +253,13 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
                          default_system=config.default_system, template_notes=template.notes,
                          input_type=config.input_type, template_default_system=own_default_system(ctx))
     for source in discover(src):
-        for raw in read_chunks(source, chunk_bytes=config.chunk_bytes):
-            good = _good_rows(raw, ctx, report, room=None if limit is None else limit - report.examples)
-            if good.num_rows:
-                compare_chunk(records_frame(source.name, good), ctx, ref, report)
-            if limit is not None and report.examples >= limit:
-                return report
+        try:
+            for raw in read_chunks(source, chunk_bytes=config.chunk_bytes):
+                good = _good_rows(raw, ctx, report, room=None if limit is None else limit - report.examples)
+                if good.num_rows:
+                    compare_chunk(records_frame(source.name, good), ctx, ref, report)
+                if limit is not None and report.examples >= limit:
+                    return report
+        except UnreadableFile as exc:  # counted like `etl run` counts it: one reject, and go on
+            report.rejected[exc.reason] = report.rejected.get(exc.reason, 0) + 1
     return report

@@ -207,3 +207,19 @@ def test_real_templates_match_the_whole_rendering(tokenizer: Path, tmp_path: Pat
     report = check_template(str(src), RunConfig(tokenizer=str(tokenizer), template="hf"))
     assert (report.examples, report.identical) == (3, 2), report.first_diff
     assert report.first_diff is not None and report.first_diff.id == "chats.jsonl:2"
+
+
+def test_check_template_counts_an_unreadable_input_and_goes_on(tiny: Path, tmp_path: Path, capsys) -> None:
+    import gzip
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    shutil.copy(ASSETS / "chats.jsonl", raw / "a.jsonl")
+    lines = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "x"}]})
+             for i in range(2000)]
+    body = gzip.compress("\n".join(lines).encode())
+    (raw / "cut.jsonl.gz").write_bytes(body[: len(body) // 2])  # a truncated archive
+    assert main(["check-template", str(raw), "--tokenizer", str(tiny), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["rejected"]["unreadable_file"] == 1
+    assert report["examples"] > 100  # the salvaged part of the archive was checked too

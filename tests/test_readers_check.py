@@ -177,3 +177,4 @@ def test_a_resume_onto_other_data_is_refused(tmp_path: Path) -> None:
     resumed = ParquetLoader(a_again, batch_size=2, seed=0)  # a byte-identical rerun elsewhere
     resumed.load_state_dict(state)
     assert resumed.position == 1
+
