@@ -116,8 +116,8 @@ def check_inputs(folder: Path, src_root: Path, *, storage: bool) -> bool:
     dst, root = folder.resolve(), src_root.resolve()
     if dst == root:
         raise EtlError(
-            f"{folder} is also the input folder {src_root}: etl would mix its output with your files "
-            "(and read its own parts back); write into another folder"
+            f"DST {folder} is also the input folder (SRC {src_root}): etl would mix its output with "
+            "your files and read its own parts back; write into another folder"
         )
     if not _inside(root, dst):
         return False
