@@ -3,6 +3,10 @@
     make etl                                   # examples/raw -> parquet/ (byte tokenizer)
     .venv/bin/python examples/train_tiny.py parquet/ --steps 200
 
+It prints a line every --log-every steps, and at least every LOG_SECONDS: on a CPU a step at
+S = 2048 takes seconds (the GRU runs over all T positions), so 200 steps take many minutes;
+data made with `make etl SEQ_LEN=257` trains several times faster.
+
 The model is a byte-level bigram-plus-context toy (embedding -> GRU -> logits); the point is
 the data path: `ParquetLoader` batches, `y` already -100 where not trained, a checkpoint of
 the loader state next to the model's, and resuming it.
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +24,10 @@ import torch.nn.functional as F
 from etl.columns import IGNORE_INDEX
 from etl.loader import ParquetLoader
 from etl.manifest import read_manifest
+
+# Longest silence between progress lines: one step at S = 2048 takes seconds on a CPU (5-35 s
+# measured on 2 busy cores), so a line every N steps alone could leave minutes of silence.
+LOG_SECONDS = 10.0
 
 
 class TinyLM(torch.nn.Module):
@@ -37,15 +46,23 @@ class TinyLM(torch.nn.Module):
 
 def train(
     dst: str, *, steps: int, batch_size: int, seq_len: int | None, lr: float, seed: int,
-    checkpoint: str | None = None,
+    checkpoint: str | None = None, log_every: int = 0,
 ) -> list[float]:
-    """Train for `steps` batches (cycling epochs); returns the loss of every step."""
+    """Train for `steps` batches (cycling epochs); returns the loss of every step.
+
+    `log_every` > 0 prints (flushed) the first step, every `log_every`-th, the last, and any
+    step that ends LOG_SECONDS after the previous line; 0 prints nothing.
+    """
     torch.manual_seed(seed)
     vocab = read_manifest(dst)["tokenizer"]["vocab_size"]
     model = TinyLM(vocab)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     loader = ParquetLoader(dst, batch_size=batch_size, seq_len=seq_len, seed=seed, drop_last=False)
     losses: list[float] = []
+    if log_every:
+        print(f"train_tiny: {len(loader.dataset):,} examples, batch {batch_size}, T = {loader.seq_len - 1}, "
+              f"{steps} steps", flush=True)
+    start = last = time.monotonic()
     while len(losses) < steps:
         for batch in loader:  # one epoch; x/y (B, T) int64, y = -100 where not trained
             logits = model(batch["x"])
@@ -54,6 +71,12 @@ def train(
             loss.backward()
             opt.step()
             losses.append(loss.item())
+            now = time.monotonic()
+            step = len(losses)
+            if log_every and (step in (1, steps) or step % log_every == 0 or now - last >= LOG_SECONDS):
+                print(f"step {step:4d}/{steps}  loss {losses[-1]:.3f}  ppl {math.exp(losses[-1]):7.1f}  "
+                      f"{now - start:6.1f}s", flush=True)
+                last = now
             if len(losses) == steps:
                 break
     if checkpoint:  # the loader's state resumes at exactly the next batch
@@ -70,12 +93,13 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", help="save model, optimizer and loader state here at the end")
+    p.add_argument("--log-every", type=int, default=10, metavar="N",
+                   help=f"print a line every N steps (and at least every {LOG_SECONDS:.0f} s); 0: only the summary")
     args = p.parse_args()
     losses = train(args.dst, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-                   lr=args.lr, seed=args.seed, checkpoint=args.checkpoint)
-    for step in range(0, len(losses), max(1, len(losses) // 10)):
-        print(f"step {step:4d}  loss {losses[step]:.3f}  ppl {math.exp(losses[step]):.1f}")
-    print(f"step {len(losses) - 1:4d}  loss {losses[-1]:.3f}")
+                   lr=args.lr, seed=args.seed, checkpoint=args.checkpoint, log_every=max(args.log_every, 0))
+    print(f"done: loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps"
+          + (f"; checkpoint in {args.checkpoint}" if args.checkpoint else ""))
     return 0
 
 
