@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/etl_throughput.py
 	$(BIN)/python bench/builders_throughput.py
 	$(BIN)/python bench/loader_throughput.py
+	$(BIN)/python bench/big_record.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check etl tests bench examples

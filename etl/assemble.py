@@ -16,6 +16,7 @@ import polars as pl
 import pyarrow as pa
 
 from etl import stages as st
+from etl.columns import INJECTED
 
 PIECES = 6
 
@@ -54,14 +55,27 @@ class Assembled:
         return pa.ListArray.from_arrays(offsets, pa.array(self.weight, pa.float32()))
 
 
-def _list_parts(col: pl.Series) -> tuple[np.ndarray, np.ndarray]:
-    """(flat values, offsets) of a list<int32> column, zero-copy where Arrow allows."""
-    arr = col.to_arrow()
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    arr = arr.cast(pa.large_list(pa.int32()))
-    offsets = arr.offsets.to_numpy()
-    return arr.values.to_numpy(zero_copy_only=False), offsets
+def _list_parts(col: pl.Series) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+    """(flat values per chunk, chunk, start and length of each row) of a list<int32> column.
+
+    Zero-copy: chunk by chunk, since `to_arrow` of a several-chunk Series copies every value.
+    """
+    flats, chunk, starts, lengths = [], [], [], []
+    for j, part in enumerate(col.get_chunks()):
+        arr = part.to_arrow()
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        arr = arr.cast(pa.large_list(pa.int32()))
+        offsets = arr.offsets.to_numpy()
+        # `values` is the whole child array, shared by every chunk sliced from one array.
+        values = arr.values.to_numpy(zero_copy_only=False)
+        flats.append(values[offsets[0] : offsets[-1]] if len(offsets) else values[:0])
+        chunk.append(np.full(len(arr), j, dtype=np.int64))
+        starts.append(offsets[:-1] - (offsets[0] if len(offsets) else 0))
+        lengths.append(np.diff(offsets))
+    if not flats:
+        return [], *(np.zeros(0, np.int64),) * 3
+    return flats, np.concatenate(chunk), np.concatenate(starts), np.concatenate(lengths)
 
 
 def _first_last(conv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -88,11 +102,36 @@ def _range_gather(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         prev_last = np.concatenate(([0], (starts + lengths - 1)[:-1]))
         delta[firsts] = starts - prev_last
         delta[0] = starts[0]
-    return np.cumsum(delta, dtype=dtype)
+    return np.cumsum(delta, dtype=dtype, out=delta)  # in place: one index array, not two
+
+
+def _gather_pieces(
+    sources: list[np.ndarray], piece_source: np.ndarray, src_start: np.ndarray, length: np.ndarray
+) -> np.ndarray:
+    """sources[piece_source[i]][src_start[i] : src_start[i] + length[i]] for every piece, in order.
+
+    One gather from the concatenated sources (2x faster than a gather and a scatter per
+    source), except that a source of which less than half is kept is first cut down to its
+    kept ranges: concatenating it whole copied a 22 MB message's every id to keep S of them
+    (bench/big_record.py). Copying what is kept twice costs less than copying it all once then.
+    """
+    sources, src_start = list(sources), src_start.copy()
+    for k, source in enumerate(sources):
+        sel = (piece_source == k) & (length > 0)
+        if len(source) > 2 * int(length[sel].sum()):
+            sources[k] = source[_range_gather(src_start[sel], length[sel])] if sel.any() else source[:0]
+            src_start[sel] = np.cumsum(length[sel]) - length[sel]
+    base = np.cumsum([0] + [len(source) for source in sources[:-1]])
+    return np.concatenate(sources)[_range_gather(src_start + base[piece_source], length)]
 
 
 def assemble(
-    turns: pl.DataFrame, *, bos_ids: list[int], eos_ids: list[int], weights: bool = False
+    turns: pl.DataFrame,
+    *,
+    bos_ids: list[int],
+    eos_ids: list[int],
+    system_ids: list[int] | None = None,
+    weights: bool = False,
 ) -> Assembled:
     """Token lists of every conversation with at least one whole-kept turn.
 
@@ -100,59 +139,63 @@ def assemble(
         turns: planned turns (`etl.stages.plan_turns`), sorted by conversation and turn.
         bos_ids: ids put once before each conversation (may be empty).
         eos_ids: ids put once after each conversation (may be empty).
+        system_ids: the content ids of injected system turns (their rows hold none).
         weights: also build per-token loss weights from the messages' `weight` (default 1).
     """
-    kt = turns.filter(pl.col("keep_whole"))
-    n = kt.height
-    conv = kt[st.CONV].to_numpy()
+    rows = np.flatnonzero(turns["keep_whole"].to_numpy())  # per-turn arrays only: ids stay in place
+    n = len(rows)
+    conv = turns[st.CONV].to_numpy()[rows]
     first, last = _first_last(conv)
-    sources, starts, lengths = [], [], []
-    base = 0
-    for column in (st.HEADER_IDS, st.CONTENT_IDS, st.END_IDS, st.SEP_IDS):
-        flat, offs = _list_parts(kt[column])
-        sources.append(flat)
-        starts.append(offs[:-1] + base)
-        lengths.append(np.diff(offs))
-        base += len(flat)
-    const = np.asarray(bos_ids + eos_ids, dtype=np.int32)
-    sources.append(const)
-    bos_len = first * len(bos_ids)
-    eos_len = last * len(eos_ids)
-    starts = [np.full(n, base)] + starts + [np.full(n, base + len(bos_ids))]
-    lengths = [bos_len] + lengths + [eos_len]
-    src = np.concatenate(sources)
+    system = list(system_ids or [])
+    const = np.asarray(bos_ids + eos_ids + system, dtype=np.int32)
+    sources, starts, lengths = [const], [np.zeros(n, np.int64)], [first * len(bos_ids)]
+    piece_source = np.zeros((n, PIECES), dtype=np.int64)  # BOS and EOS come from `const`
+    for k, column in enumerate((st.HEADER_IDS, st.CONTENT_IDS, st.END_IDS, st.SEP_IDS), start=1):
+        flats, chunk, start, length = _list_parts(turns[column])
+        piece_source[:, k] = len(sources) + chunk[rows]
+        sources += flats
+        starts.append(start[rows])
+        lengths.append(length[rows])
+    starts.append(np.full(n, len(bos_ids)))
+    lengths.append(last * len(eos_ids))
+    injected = turns[INJECTED].to_numpy()[rows]
+    if injected.any():  # the default system text: from `const`, after BOS and EOS
+        piece_source[injected, 2] = 0
+        starts[2] = np.where(injected, len(bos_ids) + len(eos_ids), starts[2])
+        lengths[2] = np.where(injected, len(system), lengths[2])
 
     piece_src = np.stack(starts, axis=1).astype(np.int64)
     piece_len = np.stack(lengths, axis=1).astype(np.int64)
     flags = np.stack(
         [
             np.zeros(n, bool),
-            kt[st.TRAIN_HEADER].to_numpy(),
-            kt[st.TRAIN_CONTENT].to_numpy(),
-            kt[st.TRAIN_END].to_numpy(),
+            turns[st.TRAIN_HEADER].to_numpy()[rows],
+            turns[st.TRAIN_CONTENT].to_numpy()[rows],
+            turns[st.TRAIN_END].to_numpy()[rows],
             np.zeros(n, bool),
             np.zeros(n, bool),
         ],
         axis=1,
     )
     # Conversation coordinates of each piece: the turn starts at POS (after its BOS, if any).
-    piece_pos = (kt[st.POS].to_numpy() - bos_len)[:, None] + np.cumsum(piece_len, axis=1) - piece_len
-    win_lo = kt[st.CUT].to_numpy()[:, None]
-    win_hi = win_lo + kt[st.WINDOW].to_numpy()[:, None]
+    bos_len = lengths[0]
+    piece_pos = (turns[st.POS].to_numpy()[rows] - bos_len)[:, None] + np.cumsum(piece_len, axis=1) - piece_len
+    win_lo = turns[st.CUT].to_numpy()[rows][:, None]
+    win_hi = win_lo + turns[st.WINDOW].to_numpy()[rows][:, None]
     lo = np.maximum(piece_pos, win_lo)
     hi = np.minimum(piece_pos + piece_len, win_hi)
     clipped = np.maximum(hi - lo, 0).ravel()
     src_start = (piece_src + (lo - piece_pos)).ravel()
 
-    ids = src[_range_gather(src_start, clipped)]
+    ids = _gather_pieces(sources, piece_source.ravel(), src_start, clipped)
     mask = np.repeat(flags.ravel(), clipped)
 
     weight = None
     if weights:
-        turn_weight = kt[st.MSG_WEIGHT].fill_null(1.0).to_numpy().astype(np.float32)
+        turn_weight = turns[st.MSG_WEIGHT].fill_null(1.0).to_numpy()[rows].astype(np.float32)
         weight = np.repeat(np.repeat(turn_weight, PIECES), clipped) * mask
     per_turn = clipped.reshape(n, PIECES).sum(axis=1)
     conv_ids, conv_first = np.unique(conv, return_index=True)
     per_conv = np.add.reduceat(per_turn, conv_first) if n else np.zeros(0, np.int64)
     offsets = np.concatenate(([0], np.cumsum(per_conv))).astype(np.int64)
-    return Assembled(conv=conv_ids, offsets=offsets, ids=ids.astype(np.int32), mask=mask, weight=weight)
+    return Assembled(conv=conv_ids, offsets=offsets, ids=ids, mask=mask, weight=weight)

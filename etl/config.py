@@ -62,6 +62,11 @@ class RunConfig:
         _check(0.0 <= self.val_fraction < 1.0, "split.val_fraction", f"must be in [0, 1), got {self.val_fraction}")
         _check(self.max_items is None or self.max_items > 0, "preprocessing.max_items", "must be positive or null")
         _check(self.chunk_bytes > 0, "chunk_bytes", "must be positive")
+        if "max_record_bytes" in self.input_options:  # etl.settings routes it to the builder
+            limit = self.input_options["max_record_bytes"]
+            _typed("preprocessing.max_record_bytes", limit, int)
+            _check(limit > 0, "preprocessing.max_record_bytes",
+                   f"must be a positive number of bytes, got {limit}; raise it to keep larger records")
         _check(self.max_tokens_per_shard > 0, "output.max_tokens_per_shard", "must be positive")
 
     def _check_types(self) -> None:

@@ -38,11 +38,16 @@ def records_frame(
 
 
 def _conversation_summary(plan: pl.DataFrame, seq_len: int, bos_eos: int) -> pl.DataFrame:
-    return plan.group_by(st.CONV, maintain_order=True).agg(
-        pl.len().cast(pl.Int32).alias(c.NUM_TURNS),
-        (~pl.col(c.KEPT)).sum().cast(pl.Int32).alias(c.NUM_TURNS_DROPPED),
-        ((pl.col(st.TURN_LEN).sum() + bos_eos) > seq_len).alias(c.TRUNCATED),
-        pl.col(st.DROP_REASON).first(),
+    # Only the columns it reads: a group_by rechunks its frame, list columns of ids included.
+    return (
+        plan.select(st.CONV, c.KEPT, st.TURN_LEN, st.DROP_REASON)
+        .group_by(st.CONV, maintain_order=True)
+        .agg(
+            pl.len().cast(pl.Int32).alias(c.NUM_TURNS),
+            (~pl.col(c.KEPT)).sum().cast(pl.Int32).alias(c.NUM_TURNS_DROPPED),
+            ((pl.col(st.TURN_LEN).sum() + bos_eos) > seq_len).alias(c.TRUNCATED),
+            pl.col(st.DROP_REASON).first(),
+        )
     )
 
 
@@ -97,5 +102,8 @@ def build_examples(records: pl.DataFrame, ctx: Context) -> tuple[pl.DataFrame, p
             truncation=cfg.truncation,
         ).collect()
     with ctx.timed("assemble"):
-        built = assemble(plan, bos_ids=ctx.bos, eos_ids=ctx.eos, weights=ctx.weights)
+        built = assemble(plan, bos_ids=ctx.bos, eos_ids=ctx.eos, system_ids=ctx.system_ids, weights=ctx.weights)
+        # The per-turn ids are in `built` now; without them the plan is a few numbers per turn
+        # (the caller joins and writes it as `turns`, which would copy them again).
+        plan = plan.drop(st.HEADER_IDS, st.CONTENT_IDS, st.END_IDS, st.SEP_IDS)
         return _examples(records, plan, built, ctx), plan

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import math
 from typing import Any
 
 from etl.builders import BUILDERS
@@ -21,7 +22,10 @@ SECTIONS = {
     "version", "input", "mask", "mask_default", "preprocessing", "output", "template", "tokenizer",
     "seq_len", "truncation", "mask_options", "split", "default_system",
 }
-PREPROCESSING = {"max_seq_len", "min_chars", "max_chars", "deduplicate", "dedup_mode", "max_items", "add_bos", "add_eos"}
+PREPROCESSING = {
+    "max_seq_len", "min_chars", "max_chars", "deduplicate", "dedup_mode", "max_items", "add_bos", "add_eos",
+    "max_record_bytes",
+}
 OUTPUT = {"domain_key", "storage_format", "max_tokens_per_shard"}
 MASK_OPTIONS = {"train_header", "eot", "last_assistant_only", "require_complete_user"}
 SPLIT = {"val_fraction", "seed"}
@@ -91,6 +95,8 @@ def config_from_dict(doc: dict[str, Any]) -> dict[str, Any]:
             inp[key] = pre[key]
     if out.get("domain_key") is not None and "domain_key" in options:
         inp["domain_key"] = out["domain_key"]
+    if "max_record_bytes" in pre:  # every builder enforces it (etl.formats.base.register_builder)
+        inp["max_record_bytes"] = pre["max_record_bytes"]
     # Pretraining text has no turns to drop: seed 004 keeps the first max_seq_len tokens.
     truncation = doc.get("truncation", "right" if input_type == "text" else "drop_oldest_turns")
     if isinstance(truncation, dict):
@@ -144,6 +150,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         kwargs["default_system"] = None
     if getattr(args, "chunk_mb", None) is not None:
         kwargs["chunk_bytes"] = int(args.chunk_mb * (1 << 20))
+    if getattr(args, "max_record_mb", None) is not None:
+        mb = args.max_record_mb
+        if not (math.isfinite(mb) and mb * (1 << 20) >= 1):
+            raise EtlError(f"--max-record-mb is {mb:g}; pass a positive size in MiB (records over it are rejected)")
+        kwargs["input_options"] = {**kwargs.get("input_options", {}), "max_record_bytes": int(mb * (1 << 20))}
     try:
         return dataclasses.replace(RunConfig(), **kwargs)
     except TypeError as exc:

@@ -105,29 +105,46 @@ def add_default_system(turns: pl.LazyFrame, *, enabled: bool) -> pl.LazyFrame:
 def tokenize_contents(
     turns: pl.LazyFrame, *, encode: Encoder, system_ids: list[int]
 ) -> pl.LazyFrame:
-    """Content -> ids in one batched tokenizer call; the injected system text is encoded once."""
+    """Content -> ids in one batched tokenizer call, and `CONTENT_LEN`.
+
+    An injected system turn keeps its empty content's (empty) ids: its `CONTENT_LEN` counts
+    the `system_ids`, which `etl.assemble` takes from a constant buffer. Splicing them in per
+    row (`when/then/otherwise` over the list column) copied every id of the chunk twice: 2 x 88
+    MB for one 22 MB message with the byte tokenizer (bench/big_record.py).
+    """
 
     def encode_series(content: pl.Series) -> pl.Series:
         return pl.Series(CONTENT_IDS, encode(content.to_arrow()), dtype=pl.List(pl.Int32))
 
-    return turns.with_columns(
-        pl.when(pl.col(INJECTED))
-        .then(pl.lit(pl.Series([system_ids], dtype=pl.List(pl.Int32))))
-        .otherwise(pl.col(CONTENT).map_batches(encode_series, return_dtype=pl.List(pl.Int32)))
-        .alias(CONTENT_IDS)
-    ).drop(CONTENT)
+    return (
+        turns.with_columns(
+            pl.col(CONTENT).map_batches(encode_series, return_dtype=pl.List(pl.Int32)).alias(CONTENT_IDS)
+        )
+        .with_columns(
+            pl.when(pl.col(INJECTED))
+            .then(pl.lit(len(system_ids), dtype=pl.Int32))
+            .otherwise(pl.col(CONTENT_IDS).list.len().cast(pl.Int32))
+            .alias(CONTENT_LEN)
+        )
+        .drop(CONTENT)
+    )
 
 
 def attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFrame:
-    """Join each turn to its role's constant header/end/separator ids and piece lengths."""
+    """Give each turn its role's constant header/end/separator ids and piece lengths.
+
+    A gather from the few-row role table by role number, not a join: a join gathers every
+    column of the turns again, the content ids included (one more copy of all of them).
+    """
+    number = pl.col(ROLE).replace_strict(
+        role_table[ROLE], pl.Series(range(role_table.height)), default=None, return_dtype=pl.UInt32
+    )
+    pieces = {HEADER_IDS: HEADER_LEN, END_IDS: END_LEN, SEP_IDS: SEP_LEN}
     return (
-        turns.join(role_table.lazy(), on=ROLE, how="left", maintain_order="left")
-        .with_columns(
-            pl.col(HEADER_IDS).list.len().cast(pl.Int32).alias(HEADER_LEN),
-            pl.col(CONTENT_IDS).list.len().cast(pl.Int32).alias(CONTENT_LEN),
-            pl.col(END_IDS).list.len().cast(pl.Int32).alias(END_LEN),
-            pl.col(SEP_IDS).list.len().cast(pl.Int32).alias(SEP_LEN),
-        )
+        turns.with_columns(number.alias("role_number"))
+        .with_columns(pl.lit(role_table[ids]).gather(pl.col("role_number")).alias(ids) for ids in pieces)
+        .drop("role_number")
+        .with_columns(pl.col(ids).list.len().cast(pl.Int32).alias(length) for ids, length in pieces.items())
         .with_columns(
             (pl.col(HEADER_LEN) + pl.col(CONTENT_LEN) + pl.col(END_LEN) + pl.col(SEP_LEN)).alias(
                 TURN_LEN

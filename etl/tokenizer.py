@@ -26,6 +26,14 @@ BYTES = "bytes"
 # Strings per encode_batch call: NOTES.md measured that chunks of ~1k strings keep the
 # Rust thread pool busy without the slow-down one huge batch shows.
 ENCODE_CHUNK = 1024
+# Text bytes per encode_batch call too: the Encoding objects of a call hold ~260 B per token
+# (ids, type ids, token strings, offsets, masks) until their ids are copied out, so a call is
+# bounded by size as well as by count: ~80 MB for 1 MiB of Qwen2.5 text (4 MiB added ~0.1 GB
+# to the peak of bench/big_record.py). Chat turns are ~1 KiB: 1,024 of them still fit.
+ENCODE_BYTES = 1 << 20
+# A text longer than this is encoded in pieces of about this size (`cut_points`):
+# one encode of a 20 MB message peaked at 2.5 GB (bench/big_record.py) and ran on one thread.
+PIECE_BYTES = 1 << 16
 
 
 class TextTokenizer(Protocol):
@@ -138,17 +146,56 @@ class HFTokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode_texts(self, texts: pa.Array) -> pa.LargeListArray:
-        strings = _as_large_string(texts).to_pylist()
-        ids: list[list[int]] = []
-        # The tokenizer's batched call is the one per-text step the pipeline has (DESIGN §3).
-        for start in range(0, len(strings), ENCODE_CHUNK):
-            batch = self._tok.encode_batch_fast(strings[start : start + ENCODE_CHUNK], add_special_tokens=False)
-            ids.extend(enc.ids for enc in batch)
-        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
+        """Ids of every text, as if each were encoded whole.
+
+        Texts over `PIECE_BYTES` are cut where this tokenizer provably starts a new pre-token
+        (`cut_points`; tokenizers it cannot prove it for encode them whole), and pieces are
+        encoded a bounded number of bytes at a time, their ids copied to numpy per call: memory
+        follows `ENCODE_BYTES`, not the longest text, and a long text's pieces use every thread.
+        """
+        arr = _as_large_string(texts)
+        bounds = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+        data = arr.buffers()[2]
+        raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+        cuts = [np.zeros(0, np.int64)]
+        if self.cuttable:
+            long = np.flatnonzero(np.diff(bounds) > PIECE_BYTES)
+            cuts += [cut_points(raw, int(bounds[i]), int(bounds[i + 1]), PIECE_BYTES) for i in long]
+        cut = np.concatenate(cuts)
+        # Cuts lie strictly inside their text, so sorting keeps every text's pieces together
+        # (an empty text stays one empty piece).
+        edges = np.sort(np.concatenate((bounds, cut)), kind="stable")
+        pieces = pa.LargeStringArray.from_buffers(len(edges) - 1, pa.py_buffer(edges), data)
+        per_text = 1 + np.bincount(np.searchsorted(bounds, cut, side="right") - 1, minlength=len(arr))
+        flat, piece_len = self._encode_pieces(pieces, edges)
+        text_len = np.add.reduceat(piece_len, np.cumsum(per_text) - per_text) if len(arr) else piece_len
+        offsets = np.zeros(len(arr) + 1, dtype=np.int64)
+        np.cumsum(text_len, out=offsets[1:])
         return _offsets_to_list_array(flat, offsets)
+
+    def _encode_pieces(self, pieces: pa.LargeStringArray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(flat int32 ids, ids per piece): batched calls of at most ENCODE_CHUNK pieces and
+        about ENCODE_BYTES of text; the tokenizer's batched call is the one per-text step the
+        pipeline has (DESIGN §3)."""
+        flats, lengths = [np.zeros(0, np.int32)], [np.zeros(0, np.int64)]
+        start = 0
+        while start < len(pieces):
+            by_bytes = int(np.searchsorted(edges, edges[start] + ENCODE_BYTES, side="right")) - 1
+            stop = max(start + 1, min(start + ENCODE_CHUNK, by_bytes, len(pieces)))
+            batch = self._tok.encode_batch_fast(pieces.slice(start, stop - start).to_pylist(), add_special_tokens=False)
+            ids = [enc.ids for enc in batch]
+            del batch  # the Encodings are the bulk of a call's memory: free them before copying
+            lengths.append(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))
+            flats.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths[-1].sum())))
+            start = stop
+        return np.concatenate(flats), np.concatenate(lengths)
+
+    @property
+    def cuttable(self) -> bool:
+        """Whether long texts may be cut at `cut_points` without changing a single id."""
+        if not hasattr(self, "_cuttable_cache"):
+            self._cuttable_cache = cuttable(self._tok)
+        return self._cuttable_cache
 
     def encode(self, text: str) -> list[int]:
         """Encode one string as text (the interface `etl.sft` expects)."""
@@ -195,6 +242,124 @@ class HFTokenizer:
             spec = json.loads(self._tok.to_str())
             self._byte_level_cache = (spec.get("decoder") or {}).get("type") == "ByteLevel"
         return self._byte_level_cache
+
+
+# Cutting a long text: where a piece may end without changing any id.
+#
+# A cut at byte p is safe when the tokenizer's pre-tokenizer starts a new piece at p in the whole
+# text and scans text[:p] and text[p:] alone exactly as it scans them inside the whole (then the
+# BPE model, which works per pre-token, gives the same ids). `cut_points` cuts only (A) after a
+# single "\n" between two non-space characters, or (B) at a " " between two ASCII letters.
+# Proved for these split regexes (none has a lookbehind; at (A) every alternative that can hold
+# the "\n" ends with it, and the one chosen there is the same whether or not text follows; at (B)
+# the letter run ends at the space and " word" starts there), and checked by
+# tests/test_record_size.py against whole encodes with Qwen2.5 and trained GPT-2/Llama-3 models:
+SAFE_SPLIT_PATTERNS = frozenset({
+    # Qwen2 / Qwen2.5 / Qwen3
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    # Llama-3 (cl100k style)
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+})
+# Every character Python's str.isspace() or the regex engine's \s (Unicode White_Space, older
+# versions included) may call a space, as UTF-8: a neighbour of a cut must be none of them.
+SPACE_CHARS = "\t\n\v\f\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u180e" + "".join(map(chr, range(0x2000, 0x200C))) + (
+    "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+_ASCII_SPACE = np.zeros(256, bool)
+_ASCII_SPACE[[ord(ch) for ch in SPACE_CHARS if ord(ch) < 0x80]] = True
+_WIDE_SPACES = [np.frombuffer(ch.encode("utf-8"), np.uint8) for ch in SPACE_CHARS if ord(ch) >= 0x80]
+_ASCII_LETTER = np.zeros(256, bool)
+_ASCII_LETTER[[*range(ord("A"), ord("Z") + 1), *range(ord("a"), ord("z") + 1)]] = True
+CUT_SEARCH = 1 << 12  # bytes searched at a time for the next cut after a piece's target size
+
+
+def cuttable(tok: Any) -> bool:
+    """Whether `cut_points` cuts are safe for this `tokenizers.Tokenizer` (else: encode whole).
+
+    Needs a normalizer that maps characters alone (none, NFC), a pre-tokenizer of
+    `SAFE_SPLIT_PATTERNS` + byte-level (or GPT-2's byte-level regex), a deterministic BPE, no
+    tokenizer-level truncation or padding, and added tokens that cannot span or swallow a cut
+    (no space or newline in them, no lstrip/rstrip/single_word).
+    """
+    norm = json.loads(tok.normalizer.__getstate__()) if tok.normalizer is not None else None
+    pre = json.loads(tok.pre_tokenizer.__getstate__()) if tok.pre_tokenizer is not None else None
+    post = json.loads(tok.post_processor.__getstate__()) if tok.post_processor is not None else None
+    norms = [] if norm is None else norm.get("normalizers", [norm]) if norm["type"] == "Sequence" else [norm]
+    if any(n.get("type") != "NFC" for n in norms):
+        return False
+    if post is not None and post.get("type") != "ByteLevel":
+        return False
+    gpt2 = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
+    split_then_bytes = [
+        {"type": "Split", "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False},
+    ]
+    steps = (pre or {}).get("pretokenizers", [pre]) if (pre or {}).get("type") == "Sequence" else [pre]
+    if steps == [None] or not (
+        (len(steps) == 1 and gpt2.items() <= steps[0].items())
+        or (
+            len(steps) == 2
+            and all(want.items() <= got.items() for want, got in zip(split_then_bytes, steps, strict=True))
+            and steps[0].get("pattern", {}).get("Regex") in SAFE_SPLIT_PATTERNS
+        )
+    ):
+        return False
+    if type(tok.model).__name__ != "BPE" or getattr(tok.model, "dropout", None):
+        return False
+    if tok.truncation is not None or tok.padding is not None:
+        return False
+    return not any(
+        a.lstrip or a.rstrip or a.single_word or " " in a.content or "\n" in a.content
+        for a in tok.get_added_tokens_decoder().values()
+    )
+
+
+def _spaces_at(raw: np.ndarray, idx: np.ndarray, *, ending: bool, lo: int, hi: int) -> np.ndarray:
+    """Whether the character starting (ending, when `ending`) at each byte index is a space."""
+    out = _ASCII_SPACE[raw[idx]]
+    for seq in _WIDE_SPACES:
+        first = idx - len(seq) + 1 if ending else idx
+        ok = (first >= lo) & (first + len(seq) <= hi)
+        match = ok.copy()
+        for k, byte in enumerate(seq):
+            match[ok] &= raw[first[ok] + k] == byte
+        out |= match
+    return out
+
+
+def _first_cut(raw: np.ndarray, lo: int, hi: int, *, start: int, stop: int) -> int | None:
+    """The first safe cut p in [lo, hi), with start < p < stop (see SAFE_SPLIT_PATTERNS)."""
+    p = np.arange(max(lo, start + 2), min(hi, stop - 1), dtype=np.int64)
+    if not len(p):
+        return None
+    letters = (raw[p] == 0x20) & _ASCII_LETTER[raw[p - 1]] & _ASCII_LETTER[raw[p + 1]]
+    newline = (raw[p - 1] == 0x0A) & ~_ASCII_SPACE[raw[p]] & ~_ASCII_SPACE[raw[p - 2]]
+    if newline.any():  # the (rare) wide spaces are only looked for next to a newline
+        at = p[newline]
+        wide = _spaces_at(raw, at, ending=False, lo=start, hi=stop) | _spaces_at(
+            raw, at - 2, ending=True, lo=start, hi=stop
+        )
+        newline[np.flatnonzero(newline)[wide]] = False
+    hits = np.flatnonzero(letters | newline)
+    return int(p[hits[0]]) if len(hits) else None
+
+
+def cut_points(raw: np.ndarray, start: int, stop: int, piece: int) -> np.ndarray:
+    """Byte offsets that cut the UTF-8 text raw[start:stop] into pieces of about `piece` bytes.
+
+    A loop per piece (a 20 MB text has ~300), each a numpy scan of a few KiB: no per-token work.
+    A stretch with no safe cut stays whole.
+    """
+    cuts: list[int] = []
+    target = start + piece
+    while target < stop - 1:
+        found = _first_cut(raw, target, target + CUT_SEARCH, start=start, stop=stop)
+        if found is None:
+            target += CUT_SEARCH
+            continue
+        cuts.append(found)
+        target = found + piece
+    return np.asarray(cuts, dtype=np.int64)
 
 
 def _bytes_to_unicode() -> dict[int, str]:

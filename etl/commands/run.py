@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-default-system", action="store_true", help="do not insert a system message when missing")
     p.add_argument("--engine", choices=["local"], default="local", help="execution engine (default local)")
     p.add_argument("--chunk-mb", type=float, help="MiB of input per chunk (bounds memory; default 16)")
+    p.add_argument("--max-record-mb", type=float,
+                   help="reject records whose JSON is larger, as record_too_large, before parsing (MiB; "
+                   "default 16; preprocessing.max_record_bytes in a config)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--timings", action="store_true",
                    help="print wall seconds per stage (parse runs on a background thread, overlapping tokenize)")

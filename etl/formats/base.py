@@ -9,6 +9,8 @@ and calls `json_type` only inside CASE branches that failing rows alone reach.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -29,12 +31,23 @@ MESSAGE_TYPE = "struct(role varchar, content varchar, train boolean, weight doub
 NL = "chr(10)"  # DuckDB string literals have no escapes: a newline is chr(10)
 
 
+# `preprocessing.max_record_bytes`: a record whose JSON text is longer is rejected
+# (`record_too_large`) before it is parsed or tokenized. 16 MiB, the default chunk: long-context
+# SFT at S = 32k-128k tokens is 0.1-0.5 MiB of text at ~4 bytes per token (~1 MiB as JSON with
+# escapes), so a longer record is mostly cut away at S anyway, and one record cannot double a
+# chunk. Below the limit a record adds ~6x its size to the peak RSS with Qwen2.5, ~8x with the
+# byte tokenizer (4 bytes of ids per byte of text); bench/big_record.py.
+DEFAULT_MAX_RECORD_BYTES = 16 << 20
+TOO_LARGE = "record_too_large"
+
+
 @dataclass(frozen=True)
 class BuilderQuery:
-    """SQL over the relation `raw` plus its bound parameters."""
+    """SQL over the relation `raw` plus its bound parameters; longer records are rejected unparsed."""
 
     sql: str
     params: dict[str, Any]
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
 
 Builder = Callable[..., BuilderQuery]
@@ -42,10 +55,20 @@ BUILDERS: dict[str, Builder] = {}
 
 
 def register_builder(name: str) -> Callable[[Builder], Builder]:
-    """Register a builder for `input.type = name` (seed 004's factory registration)."""
+    """Register a builder for `input.type = name` (seed 004's factory registration).
+
+    The registered callable also takes `max_record_bytes` (every input type has the limit; it
+    is set under `preprocessing`, so it stays out of the builder's own options).
+    """
 
     def wrap(fn: Builder) -> Builder:
-        BUILDERS[name] = fn
+        @functools.wraps(fn)
+        def build(*, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, **options: Any) -> BuilderQuery:
+            if isinstance(max_record_bytes, bool) or not isinstance(max_record_bytes, int) or max_record_bytes <= 0:
+                raise EtlError(f"preprocessing.max_record_bytes is {max_record_bytes!r}; expected a positive integer")
+            return dataclasses.replace(fn(**options), max_record_bytes=max_record_bytes)
+
+        BUILDERS[name] = build
         return fn
 
     return wrap
