@@ -14,6 +14,9 @@ HELP = "tokenize, mask and truncate raw conversations into Parquet"
 DESCRIPTION = """Read SRC (a .jsonl/.json/.parquet file, optionally .gz/.zst, a directory or a glob),
 and write DST/data, DST/turns, DST/_rejects and DST/_manifest.json.
 
+exit status: 0 done; 2 an error (nothing finished); 3 done, but some input could not be
+read to its end (a warning names it and what was salvaged).
+
 examples:
   etl run examples/raw parquet/
   etl run chats.jsonl out/ --tokenizer path/to/qwen2.5 --template chatml --seq-len 4096
@@ -22,7 +25,8 @@ examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="input file, directory or glob")
-    p.add_argument("dst", help="output directory (previous etl output there is replaced)")
+    p.add_argument("dst", help="output directory: new, empty, or an earlier etl output (only the files "
+                   "its manifest lists are replaced)")
     p.add_argument("--config", help="JSON or TOML config file (seed-004 schema); flags override it")
     p.add_argument("--tokenizer", help="`bytes` (built-in, default), a tokenizer.json, or a HF model directory")
     p.add_argument("--template", help="ngpt (default), post_training, chatml, llama3, phi3, or hf "
