@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from etl.errors import EtlError
 from etl.manifest import read_manifest
-from etl.stats import QUERY_ORDER, run_queries
+from etl.stats import QUERY_ORDER, default_bin_width, run_queries, run_query
 
 # Tables shown under the plots, in `etl stats` order; the histogram and turns-per-example
 # queries are shown as plots only. Row listings show their first rows (they can be long).
@@ -25,6 +25,9 @@ PLOTTED_ONLY = ("length_histogram", "turns_per_example")
 TABLES = tuple(name for name in QUERY_ORDER if name not in PLOTTED_ONLY)
 LISTING_ROWS = 20
 COLORS = ("#3b75af", "#ef8636", "#519e3e", "#c53a32", "#8d69b8", "#84584e")
+# Legend entries per row below a plot: four short labels fit the 6.4-inch figure.
+LEGEND_COLUMNS = 4
+X_MARGIN = 1.02  # the length axis ends just past the last bin (matplotlib's default margin is 5%)
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{{ title }}</title>
@@ -89,11 +92,12 @@ def build_report(dst: str | os.PathLike[str], *, title: str | None = None) -> st
     import jinja2
 
     manifest = read_manifest(dst)
-    results = run_queries(dst)
+    results = run_queries(dst, bin_width=histogram_bin_width(dst))
     plots = [
         _plot(
             "Example lengths",
-            "Examples per length bin, per split; dashed: seq_len.",
+            "Examples per length bin, per split, over the data's range; dashed: seq_len "
+            "(named under the axis when it lies beyond).",
             _draw_lengths,
             results["length_histogram"],
             manifest.get("seq_len"),
@@ -126,6 +130,16 @@ def build_report(dst: str | os.PathLike[str], *, title: str | None = None) -> st
         tables=[_table(name, results[name]) for name in TABLES],
         zip=zip,
     )
+
+
+def histogram_bin_width(dst: str | os.PathLike[str]) -> int:
+    """Length-histogram bins fitted to the longest example, not to seq_len.
+
+    Bins over 0..S would put short data under a long S (100-token chats, S = 32k) into the
+    first bin or two; ~`etl.stats.HISTOGRAM_BINS` bins over the data's own range show its shape.
+    """
+    longest = [v for v in run_query(dst, "lengths").column("max").to_pylist() if v is not None]
+    return default_bin_width(max(longest, default=1))
 
 
 def write_report(dst: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
@@ -183,20 +197,30 @@ def _cell(value: Any) -> Any:
 
 
 def _plot(title: str, caption: str, draw: Callable[..., None], *args: Any) -> dict[str, str]:
+    buf = io.BytesIO()
+    figure(title, draw, *args).savefig(buf, format="png")
+    return {"title": title, "caption": caption, "png": base64.b64encode(buf.getvalue()).decode()}
+
+
+def figure(title: str, draw: Callable[..., None], *args: Any) -> Any:
+    """A matplotlib Figure: `draw(ax, *args)`, the title, and the legend below the axes."""
     from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas on savefig
 
     fig = Figure(figsize=(6.4, 3.8), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     draw(ax, *args)
     ax.set_title(title)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:  # below the axes, where it can cover no bar
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(handles), LEGEND_COLUMNS),
+                   frameon=False)
     if not ax.has_data():
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, fontsize=14)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return {"title": title, "caption": caption, "png": base64.b64encode(buf.getvalue()).decode()}
+    return fig
 
 
 def _draw_lengths(ax: Any, hist: pa.Table, seq_len: int | None) -> None:
+    from matplotlib.ticker import MaxNLocator
     rows = hist.to_pydict()
     for i, split in enumerate(sorted(set(rows["split"]))):
         idx = [k for k, s in enumerate(rows["split"]) if s == split]
@@ -211,12 +235,17 @@ def _draw_lengths(ax: Any, hist: pa.Table, seq_len: int | None) -> None:
             color=COLORS[i % len(COLORS)],
             label=split,
         )
-    if seq_len and hist.num_rows:
-        ax.axvline(seq_len, color="#444", linestyle="--", linewidth=1)
     ax.set_xlabel("tokens per example")
     ax.set_ylabel("examples")
-    if hist.num_rows:
-        ax.legend()
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if not hist.num_rows:
+        return
+    right = max(rows["bin_end"])
+    ax.set_xlim(0, right * X_MARGIN)
+    if seq_len and seq_len <= right * X_MARGIN:
+        ax.axvline(seq_len, color="#444", linestyle="--", linewidth=1)
+    elif seq_len:  # named in the label: a mark inside the axes could cover a bar
+        ax.set_xlabel(f"tokens per example (seq_len {seq_len:,} lies beyond the right edge)")
 
 
 def _draw_roles(ax: Any, roles: pa.Table) -> None:
@@ -240,7 +269,6 @@ def _draw_roles(ax: Any, roles: pa.Table) -> None:
             ax.annotate(f"{share:.0%} trained", (x, top), ha="center", va="bottom", fontsize=9)
     ax.set_ylabel("tokens")
     ax.set_ylim(0, max(max(tops) * 1.15, 1))
-    ax.legend()
 
 
 def _draw_turns(ax: Any, turns: pa.Table) -> None:
@@ -266,8 +294,6 @@ def _draw_turns(ax: Any, turns: pa.Table) -> None:
         )
     ax.set_xlabel("turns per conversation")
     ax.set_ylabel("examples")
-    if splits:
-        ax.legend()
 
 
 def _draw_drops(ax: Any, drops: pa.Table) -> None:

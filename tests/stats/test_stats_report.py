@@ -12,6 +12,7 @@ import pytest
 
 from etl.errors import EtlError
 from etl.report import COLORS, TABLES, build_report, write_report
+from tests.stats.stats_fixtures import REPO
 
 PNG = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 
@@ -75,3 +76,40 @@ def test_report_of_an_empty_output_still_renders(empty_dst: Path) -> None:
 def test_report_refuses_a_folder_as_output(dst: Path, tmp_path: Path) -> None:
     with pytest.raises(EtlError, match="is a folder"):
         write_report(dst, tmp_path)
+
+
+def overlaps(a: object, b: object) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["roles", "turns_per_example"])
+def test_report_legends_sit_below_the_axes(any_dst: Path, name: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from etl.report import _draw_roles, _draw_turns, figure
+    from etl.stats import run_query
+
+    draw = {"roles": _draw_roles, "turns_per_example": _draw_turns}[name]
+    fig = figure(name, draw, run_query(any_dst, name))
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # runs the constrained layout, so the extents are final
+    renderer = canvas.get_renderer()
+    (ax,) = fig.axes
+    assert ax.get_legend() is None and len(fig.legends) == 1
+    assert not overlaps(fig.legends[0].get_window_extent(renderer), ax.get_window_extent(renderer))
+
+
+def test_report_length_axis_spans_the_data_not_seq_len(tmp_path: Path, cli: object) -> None:
+    import pyarrow as pa
+
+    from etl.report import X_MARGIN, _draw_lengths, figure, histogram_bin_width
+
+    out = tmp_path / "out"
+    assert cli("run", str(REPO / "examples" / "raw"), str(out), "--quiet").returncode == 0  # type: ignore[operator]
+    assert histogram_bin_width(out) < 2048 // 32  # bins fitted to the data, not to S = 2048
+    hist = pa.table({"split": ["train"] * 3, "bin_start": [0, 10, 20], "bin_end": [10, 20, 30],
+                     "examples": [1, 4, 2]})
+    ax = figure("lengths", _draw_lengths, hist, 2048).axes[0]
+    assert ax.get_xlim() == (0, 30 * X_MARGIN) and "seq_len 2,048" in ax.get_xlabel()
+    ax = figure("lengths", _draw_lengths, hist, 25).axes[0]
+    assert [line.get_xdata()[0] for line in ax.get_lines()] == [25] and "seq_len" not in ax.get_xlabel()
