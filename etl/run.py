@@ -56,6 +56,8 @@ def _tally(counter: Counter[str], reasons: pa.Array | pa.ChunkedArray) -> None:
 def _split_parsed(parsed: pa.Table, ctx: Context, source: Source) -> pa.Table:
     """Count and write rejects, count builder drops; return the good rows."""
     reason = parsed.column(c.REASON)
+    if reason.null_count == len(reason):  # the usual chunk: all good, no copy of its messages
+        return parsed
     is_drop = pc.fill_null(pc.starts_with(reason, DROP_PREFIX), False)
     bad = parsed.filter(pc.and_(reason.is_valid(), pc.invert(is_drop)))
     _tally(
