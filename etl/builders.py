@@ -13,6 +13,9 @@ before DuckDB parses it: memory then follows the chunk, not the largest record.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import duckdb
 import numpy as np
 import pyarrow as pa
@@ -33,8 +36,14 @@ from etl.formats.base import (
 
 __all__ = [
     "BUILDERS", "DEFAULT_MAX_RECORD_BYTES", "RAW_PREVIEW_CHARS", "TOO_LARGE", "Builder", "BuilderQuery",
-    "json_key_path", "record_bytes", "register_builder", "run_builder",
+    "build_query", "json_key_path", "record_bytes", "register_builder", "run_builder",
 ]
+
+
+def build_query(input_type: str, *, roles: list[str], options: dict[str, Any], max_record_bytes: int) -> BuilderQuery:
+    """The query of `input_type`'s builder with its options, and the record size limit that every
+    input type shares (`preprocessing.max_record_bytes`, kept out of the builders' own options)."""
+    return dataclasses.replace(BUILDERS[input_type](roles=roles, **options), max_record_bytes=max_record_bytes)
 
 
 def run_builder(con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQuery) -> pa.Table:

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from etl import columns as c
 from etl import stages as st
-from etl.builders import BUILDERS, run_builder
+from etl.builders import build_query, run_builder
 from etl.chat_jinja import chat_template_source, render, special_tokens_map, token_string
 from etl.config import RunConfig
 from etl.context import Context, build_context
@@ -190,7 +190,8 @@ def _good_rows(raw: pa.Table, ctx: Context, report: CheckReport, *, room: int | 
     """Parse a chunk with the run's builder; count rejects up to the last good row kept (`room`)."""
     cfg = ctx.config
     roles = [r for r in ctx.template.header if r != "text" or cfg.input_type == "text"]
-    parsed = run_builder(ctx.con, raw, BUILDERS[cfg.input_type](roles=roles, **cfg.input_options))
+    query = build_query(cfg.input_type, roles=roles, options=cfg.input_options, max_record_bytes=cfg.max_record_bytes)
+    parsed = run_builder(ctx.con, raw, query)
     good = parsed.filter(parsed.column(c.REASON).is_null())
     if room is not None and good.num_rows > room:
         good = good.slice(0, room)

@@ -17,6 +17,7 @@ import tomllib
 
 from etl.columns import DEFAULT_SEQ_LEN, DEFAULT_SYSTEM_TEXT
 from etl.errors import EtlError
+from etl.formats.base import DEFAULT_MAX_RECORD_BYTES
 from etl.reader import DEFAULT_CHUNK_BYTES
 from etl.stages import MaskOptions
 
@@ -51,6 +52,7 @@ class RunConfig:
     storage_format: str = "parquet"
     max_tokens_per_shard: int = 100_000_000
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES  # longer records: record_too_large, unparsed
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -62,11 +64,8 @@ class RunConfig:
         _check(0.0 <= self.val_fraction < 1.0, "split.val_fraction", f"must be in [0, 1), got {self.val_fraction}")
         _check(self.max_items is None or self.max_items > 0, "preprocessing.max_items", "must be positive or null")
         _check(self.chunk_bytes > 0, "chunk_bytes", "must be positive")
-        if "max_record_bytes" in self.input_options:  # etl.settings routes it to the builder
-            limit = self.input_options["max_record_bytes"]
-            _typed("preprocessing.max_record_bytes", limit, int)
-            _check(limit > 0, "preprocessing.max_record_bytes",
-                   f"must be a positive number of bytes, got {limit}; raise it to keep larger records")
+        _check(self.max_record_bytes > 0, "preprocessing.max_record_bytes",
+               f"must be a positive number of bytes, got {self.max_record_bytes}; raise it to keep larger records")
         _check(self.max_tokens_per_shard > 0, "output.max_tokens_per_shard", "must be positive")
 
     def _check_types(self) -> None:
@@ -81,6 +80,7 @@ class RunConfig:
         _typed("split.seed", self.split_seed, int)
         _typed("output.max_tokens_per_shard", self.max_tokens_per_shard, int)
         _typed("chunk_bytes", self.chunk_bytes, int)
+        _typed("preprocessing.max_record_bytes", self.max_record_bytes, int)
         _typed("split.val_fraction", self.val_fraction, (int, float))
         for name in ("tokenizer", "template", "truncation", "dedup_mode", "storage_format", "input_type"):
             _typed(name, getattr(self, name), str)

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from etl import columns as c
 from etl import stages as st
-from etl.builders import BUILDERS, run_builder
+from etl.builders import build_query, run_builder
 from etl.config import RunConfig
 from etl.context import Context, build_context, manifest_for
 from etl.errors import EtlError
@@ -83,7 +83,7 @@ def _parsed_chunks(sources: list[Source], ctx: Context) -> Iterator[Item]:
     """
     cfg = ctx.config
     roles = [r for r in ctx.template.header if r != "text" or cfg.input_type == "text"]
-    query = BUILDERS[cfg.input_type](roles=roles, **cfg.input_options)
+    query = build_query(cfg.input_type, roles=roles, options=cfg.input_options, max_record_bytes=cfg.max_record_bytes)
     con = ctx.con.cursor()
     budget = cfg.max_items
     position = [0]

@@ -15,6 +15,7 @@ from typing import Any
 from etl.builders import BUILDERS
 from etl.config import FIELD_ROLES, RunConfig, load_config_file
 from etl.errors import EtlError
+from etl.formats.base import DEFAULT_MAX_RECORD_BYTES
 from etl.stages import MaskOptions
 
 CANONICAL_ROLES = ("system", "user", "assistant", "tool", "text")
@@ -95,8 +96,6 @@ def config_from_dict(doc: dict[str, Any]) -> dict[str, Any]:
             inp[key] = pre[key]
     if out.get("domain_key") is not None and "domain_key" in options:
         inp["domain_key"] = out["domain_key"]
-    if "max_record_bytes" in pre:  # every builder enforces it (etl.formats.base.register_builder)
-        inp["max_record_bytes"] = pre["max_record_bytes"]
     # Pretraining text has no turns to drop: seed 004 keeps the first max_seq_len tokens.
     truncation = doc.get("truncation", "right" if input_type == "text" else "drop_oldest_turns")
     if isinstance(truncation, dict):
@@ -110,6 +109,7 @@ def config_from_dict(doc: dict[str, Any]) -> dict[str, Any]:
         "deduplicate": pre.get("deduplicate", False),
         "dedup_mode": pre.get("dedup_mode", "prefix200"),
         "max_items": pre.get("max_items"),
+        "max_record_bytes": pre.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
         "add_bos": pre.get("add_bos", False),
         "add_eos": pre.get("add_eos", False),
         "domain_key": out.get("domain_key"),
@@ -154,7 +154,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         mb = args.max_record_mb
         if not (math.isfinite(mb) and mb * (1 << 20) >= 1):
             raise EtlError(f"--max-record-mb is {mb:g}; pass a positive size in MiB (records over it are rejected)")
-        kwargs["input_options"] = {**kwargs.get("input_options", {}), "max_record_bytes": int(mb * (1 << 20))}
+        kwargs["max_record_bytes"] = int(mb * (1 << 20))
     try:
         return dataclasses.replace(RunConfig(), **kwargs)
     except TypeError as exc:

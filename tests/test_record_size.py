@@ -22,7 +22,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import etl.tokenizer as tk
-from etl.builders import BUILDERS, DEFAULT_MAX_RECORD_BYTES, TOO_LARGE, record_bytes, run_builder
+from etl.builders import (
+    BUILDERS,
+    DEFAULT_MAX_RECORD_BYTES,
+    TOO_LARGE,
+    build_query,
+    record_bytes,
+    run_builder,
+)
 from etl.cli import main
 from etl.config import RunConfig
 from etl.errors import EtlError
@@ -73,7 +80,7 @@ def test_record_over_limit_is_rejected_and_the_others_written(tmp_path: Path) ->
     size = len(big.encode())
     assert f"{size:,} bytes" in row["detail"] and "1,000" in row["detail"]
     assert "preprocessing.max_record_bytes" in row["detail"] and "--max-record-mb" in row["detail"]
-    assert manifest["config"]["input_options"] == {"max_record_bytes": 1000}
+    assert manifest["config"]["max_record_bytes"] == 1000 and manifest["config"]["input_options"] == {}
     written = pq.read_table(tmp_path / "out" / "data").column("source_line").to_pylist()
     assert sorted(written) == [0, 2, 3]
 
@@ -88,7 +95,7 @@ def test_limit_counts_the_json_text_not_its_line_end(tmp_path: Path, newline: st
     assert record_bytes(raw.column("line")).tolist() == [size]
     con = duckdb.connect()
     for limit, reason in ((size, None), (size - 1, TOO_LARGE)):
-        out = run_builder(con, raw, BUILDERS["chat"](roles=ROLES, max_record_bytes=limit))
+        out = run_builder(con, raw, build_query("chat", roles=ROLES, options={}, max_record_bytes=limit))
         assert out.column("reason").to_pylist() == [reason]
 
 
@@ -100,14 +107,14 @@ def test_cli_flag_sets_and_overrides_the_limit(tmp_path: Path) -> None:
     assert kept["counts"]["rejected"] == {}
     cut = run(src, tmp_path / "o2", "--config", str(cfg), "--max-record-mb", "0.001")  # 1,048 bytes
     assert cut["counts"]["rejected"] == {TOO_LARGE: 1} and cut["counts"]["written"] == 1
-    assert cut["config"]["input_options"]["max_record_bytes"] == 1048
+    assert cut["config"]["max_record_bytes"] == 1048
 
 
 def test_default_limit_applies_without_config(tmp_path: Path) -> None:
     assert DEFAULT_MAX_RECORD_BYTES == 16 << 20
     assert BUILDERS["chat"](roles=ROLES).max_record_bytes == DEFAULT_MAX_RECORD_BYTES
     manifest = run(write(tmp_path / "in.jsonl", [chat_line("a")]), tmp_path / "out")
-    assert manifest["config"]["input_options"] == {} and manifest["counts"]["written"] == 1
+    assert manifest["config"]["max_record_bytes"] == DEFAULT_MAX_RECORD_BYTES and manifest["counts"]["written"] == 1
 
 
 @pytest.mark.parametrize(
@@ -130,7 +137,7 @@ def test_limit_is_a_preprocessing_key_only() -> None:
     with pytest.raises(EtlError, match="unknown key input.max_record_bytes"):
         config_from_dict({"input": {"max_record_bytes": 10}})
     with pytest.raises(EtlError, match="max_record_bytes"):
-        BUILDERS["chat"](roles=ROLES, max_record_bytes=0)
+        RunConfig(max_record_bytes=0)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e-9"])
@@ -171,12 +178,12 @@ def test_run_builder_keeps_line_order_and_schema() -> None:
     raw = pa.table({"source_line": list(range(5)), "line": pa.array(lines, pa.large_string())}, schema=RAW_SCHEMA)
     con = duckdb.connect()
     plain = run_builder(con, raw, BUILDERS["chat"](roles=ROLES))
-    limited = run_builder(con, raw, BUILDERS["chat"](roles=ROLES, max_record_bytes=400))
+    limited = run_builder(con, raw, build_query("chat", roles=ROLES, options={}, max_record_bytes=400))
     assert limited.schema == plain.schema
     assert limited.column("source_line").to_pylist() == [0, 1, 2, 3, 4]
     assert limited.column("reason").to_pylist() == [None, TOO_LARGE, "invalid_json", TOO_LARGE, None]
     assert limited.column("messages").to_pylist()[4] == plain.column("messages").to_pylist()[4]
-    only_big = run_builder(con, raw.slice(1, 1), BUILDERS["chat"](roles=ROLES, max_record_bytes=400))
+    only_big = run_builder(con, raw.slice(1, 1), build_query("chat", roles=ROLES, options={}, max_record_bytes=400))
     assert only_big.schema == plain.schema and only_big.column("reason").to_pylist() == [TOO_LARGE]
 
 

@@ -9,8 +9,6 @@ and calls `json_type` only inside CASE branches that failing rows alone reach.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -55,20 +53,10 @@ BUILDERS: dict[str, Builder] = {}
 
 
 def register_builder(name: str) -> Callable[[Builder], Builder]:
-    """Register a builder for `input.type = name` (seed 004's factory registration).
-
-    The registered callable also takes `max_record_bytes` (every input type has the limit; it
-    is set under `preprocessing`, so it stays out of the builder's own options).
-    """
+    """Register a builder for `input.type = name` (seed 004's factory registration)."""
 
     def wrap(fn: Builder) -> Builder:
-        @functools.wraps(fn)
-        def build(*, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, **options: Any) -> BuilderQuery:
-            if isinstance(max_record_bytes, bool) or not isinstance(max_record_bytes, int) or max_record_bytes <= 0:
-                raise EtlError(f"preprocessing.max_record_bytes is {max_record_bytes!r}; expected a positive integer")
-            return dataclasses.replace(fn(**options), max_record_bytes=max_record_bytes)
-
-        BUILDERS[name] = build
+        BUILDERS[name] = fn
         return fn
 
     return wrap
