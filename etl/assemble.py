@@ -125,6 +125,39 @@ def _gather_pieces(
     return np.concatenate(sources)[_range_gather(src_start + base[piece_source], length)]
 
 
+def _pieces(
+    turns: pl.DataFrame,
+    rows: np.ndarray,
+    conv: np.ndarray,
+    *,
+    bos_ids: list[int],
+    eos_ids: list[int],
+    system: list[int],
+) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """Where each of a kept turn's PIECES comes from: (source arrays, source of every piece,
+    start in its source per piece kind, length per piece kind). BOS, EOS and the injected
+    system text come from one small constant array; the rest point into the list columns."""
+    n = len(rows)
+    first, last = _first_last(conv)
+    const = np.asarray(bos_ids + eos_ids + system, dtype=np.int32)
+    sources, starts, lengths = [const], [np.zeros(n, np.int64)], [first * len(bos_ids)]
+    piece_source = np.zeros((n, PIECES), dtype=np.int64)  # BOS and EOS come from `const`
+    for k, column in enumerate((st.HEADER_IDS, st.CONTENT_IDS, st.END_IDS, st.SEP_IDS), start=1):
+        flats, chunk, start, length = _list_parts(turns[column])
+        piece_source[:, k] = len(sources) + chunk[rows]
+        sources += flats
+        starts.append(start[rows])
+        lengths.append(length[rows])
+    starts.append(np.full(n, len(bos_ids)))
+    lengths.append(last * len(eos_ids))
+    injected = turns[INJECTED].to_numpy()[rows]
+    if injected.any():  # the default system text: from `const`, after BOS and EOS
+        piece_source[injected, 2] = 0
+        starts[2] = np.where(injected, len(bos_ids) + len(eos_ids), starts[2])
+        lengths[2] = np.where(injected, len(system), lengths[2])
+    return sources, piece_source, starts, lengths
+
+
 def assemble(
     turns: pl.DataFrame,
     *,
@@ -145,24 +178,9 @@ def assemble(
     rows = np.flatnonzero(turns["keep_whole"].to_numpy())  # per-turn arrays only: ids stay in place
     n = len(rows)
     conv = turns[st.CONV].to_numpy()[rows]
-    first, last = _first_last(conv)
-    system = list(system_ids or [])
-    const = np.asarray(bos_ids + eos_ids + system, dtype=np.int32)
-    sources, starts, lengths = [const], [np.zeros(n, np.int64)], [first * len(bos_ids)]
-    piece_source = np.zeros((n, PIECES), dtype=np.int64)  # BOS and EOS come from `const`
-    for k, column in enumerate((st.HEADER_IDS, st.CONTENT_IDS, st.END_IDS, st.SEP_IDS), start=1):
-        flats, chunk, start, length = _list_parts(turns[column])
-        piece_source[:, k] = len(sources) + chunk[rows]
-        sources += flats
-        starts.append(start[rows])
-        lengths.append(length[rows])
-    starts.append(np.full(n, len(bos_ids)))
-    lengths.append(last * len(eos_ids))
-    injected = turns[INJECTED].to_numpy()[rows]
-    if injected.any():  # the default system text: from `const`, after BOS and EOS
-        piece_source[injected, 2] = 0
-        starts[2] = np.where(injected, len(bos_ids) + len(eos_ids), starts[2])
-        lengths[2] = np.where(injected, len(system), lengths[2])
+    sources, piece_source, starts, lengths = _pieces(
+        turns, rows, conv, bos_ids=bos_ids, eos_ids=eos_ids, system=list(system_ids or [])
+    )
 
     piece_src = np.stack(starts, axis=1).astype(np.int64)
     piece_len = np.stack(lengths, axis=1).astype(np.int64)
