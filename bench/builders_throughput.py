@@ -2,7 +2,7 @@
 
 T0-train-50k (../shared/data, 55k rows, ~65 MB of JSON) is rewritten once per input format
 (chat, chat with content parts, sharegpt, instruction/alpaca, prompt_completion, text, and an
-HH-RLHF-style transcript) into a temp dir, read into memory with `etl.reader.read_chunks`,
+HH-RLHF-style transcript) into a temp dir, read into memory with `etl.ingest.reader.read_chunks`,
 then each builder runs over the chunks; reading is not timed. Goal: every builder under ~1 s
 per 65 MB.
 
@@ -22,8 +22,8 @@ from typing import Any
 
 import duckdb
 
-from etl.builders import BUILDERS, run_builder
-from etl.reader import discover, read_chunks
+from etl.formats.registry import BUILDERS, run_builder
+from etl.ingest.reader import discover, read_chunks
 
 T0 = Path(__file__).resolve().parents[2] / "shared" / "data" / "t0-train-50k" / "t0_train_50k_per_template.jsonl.gz"
 ROLES = ("system", "user", "assistant", "tool", "text")

@@ -18,7 +18,7 @@ DATA_DIR = "data"
 TURNS_DIR = "turns"
 REJECTS_DIR = "_rejects"
 VAL_STORAGE_DIR = "_val"  # seed-004 bin/h5 storage of the val split: DST/_val/<domain>/
-# Files of the writer protocol (etl.ownership): an export's record of what it wrote, the journal
+# Files of the writer protocol (etl.output.ownership): an export's record of what it wrote, the journal
 # of paths a writer is about to create, and the lock one writer at a time holds.
 EXPORT_FILE = "_export.json"
 JOURNAL_FILE = "_journal.jsonl"
@@ -55,3 +55,6 @@ DETAIL = "detail"
 RAW = "raw"
 
 DEFAULT_DOMAIN = "__default__"
+
+# Prefix the reader puts before an undecodable line, which the parser recognises (reason `invalid_utf8`).
+INVALID_UTF8 = "\x00invalid utf-8: "

@@ -1,7 +1,7 @@
 """Seed 000 reference: per-example serialize, mask, truncate+pad and collate, with its exact signatures.
 
 This module is deliberately plain Python over lists: it is the independent, readable
-statement of the semantics that the vectorized pipeline (`etl.stages`) and the loader's
+statement of the semantics that the vectorized pipeline (`etl.pipeline.stages`) and the loader's
 collate are tested against. It is not used on any hot path.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal, TypedDict
 
 from etl.columns import DEFAULT_SYSTEM_TEXT, IGNORE_INDEX
-from etl.templates import NGPT_ASST, NGPT_EOT, NGPT_SYS, NGPT_USR
+from etl.tokens.templates import NGPT_ASST, NGPT_EOT, NGPT_SYS, NGPT_USR
 
 ChatMsg = TypedDict("ChatMsg", {"role": Literal["system", "user", "assistant"], "content": str})
 ChatExample = TypedDict("ChatExample", {"messages": list[ChatMsg]})

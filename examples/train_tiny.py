@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from etl.columns import IGNORE_INDEX
 from etl.loader import ParquetLoader
-from etl.manifest import read_manifest
+from etl.output.manifest import read_manifest
 
 # Longest silence between progress lines: one step at S = 2048 takes seconds on a CPU (5-35 s
 # measured on 2 busy cores), so a line every N steps alone could leave minutes of silence.

@@ -7,8 +7,8 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
-from etl.config import RunConfig
-from etl.run import Context, build_context, build_examples, records_frame
+from etl.config.run_config import RunConfig
+from etl.pipeline.run import Context, build_context, build_examples, records_frame
 
 MESSAGE_FIELDS = [("role", pa.string()), ("content", pa.string())]
 OVERRIDES = [("train", pa.bool_()), ("weight", pa.float64())]
@@ -39,7 +39,7 @@ def seal(root: Path, manifest: dict[str, object] | None = None) -> Path:
     import pyarrow.parquet as pq
 
     from etl import columns as c
-    from etl.ownership import describe_file
+    from etl.output.ownership import describe_file
 
     if manifest is None:
         manifest = json.loads((root / c.MANIFEST_FILE).read_text(encoding="utf-8"))

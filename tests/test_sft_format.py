@@ -24,7 +24,7 @@ from etl.sft import (
     sft_loss_mask_for_ids,
 )
 
-# The four special tokens, spelled exactly as in the seed (not imported from etl.templates, so a
+# The four special tokens, spelled exactly as in the seed (not imported from etl.tokens.templates, so a
 # drift there shows up as a KeyError in the fake tokenizer).
 SFX = "84a5023f67d74cf29cc4001becde983c"
 SYS_TOK = f"<|ngpt_sys_{SFX}|>"

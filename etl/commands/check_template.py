@@ -43,9 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the check and print the report; exit 0 whatever the share (it is a measurement)."""
-    from etl.check_template import check_template
+    from etl.analysis.check_template import check_template
+    from etl.config.from_file import config_from_args
     from etl.errors import EtlError
-    from etl.settings import config_from_args
 
     if args.limit is not None and args.limit < 1:
         raise EtlError(f"--limit must be 1 or more, got {args.limit}")

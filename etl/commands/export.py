@@ -27,7 +27,7 @@ def _episodes(
 
 
 def _storage(storage_format: str) -> Callable[..., dict[str, dict[str, int]]]:
-    """Seed 004 bin / h5: OUT/<domain>/meta.json + int64 token files (see etl.storage)."""
+    """Seed 004 bin / h5: OUT/<domain>/meta.json + int64 token files (see etl.output.storage)."""
 
     def export(
         dst: Path,
@@ -37,8 +37,8 @@ def _storage(storage_format: str) -> Callable[..., dict[str, dict[str, int]]]:
         mask: bool,
         max_tokens_per_shard: int | None,
     ) -> dict[str, dict[str, int]]:
-        from etl.parts import listed_splits
-        from etl.storage import DEFAULT_MAX_TOKENS_PER_SHARD, domain_folder, export_storage
+        from etl.output.parts import listed_splits
+        from etl.output.storage import DEFAULT_MAX_TOKENS_PER_SHARD, domain_folder, export_storage
 
         # Seed 004 has no splits: one split per OUT, the first requested one that exists.
         present = listed_splits(dst)

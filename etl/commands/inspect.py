@@ -51,9 +51,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read the example and its turns, and print them."""
+    from etl.analysis.inspect_example import (
+        read_example,
+        read_turns,
+        render_plain,
+        render_rich,
+        token_strings,
+    )
     from etl.errors import EtlError
-    from etl.inspect import read_example, read_turns, render_plain, render_rich, token_strings
-    from etl.manifest import read_manifest
+    from etl.output.manifest import read_manifest
 
     if args.row is not None and args.row < 0:
         raise EtlError(f"--row must be 0 or more, got {args.row}")
@@ -64,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plain or not (args.color or sys.stdout.isatty()):
         sys.stdout.write(render_plain(example, turns, strings, token_sep=args.token_sep))
         return 0
-    from etl.console import console as Console
+    from etl.ui.console import console as Console
 
     special = {int(i) for i in (manifest.get("special_ids") or {}).values()}
     console = Console(force_terminal=True if args.color else None, highlight=False)

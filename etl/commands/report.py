@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Render the report and say where it went."""
-    from etl.report import write_report
+    from etl.analysis.report import write_report
 
     path = write_report(args.dst, args.output)
     print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")

@@ -48,8 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from etl.run import run as run_pipeline
-    from etl.settings import config_from_args
+    from etl.config.from_file import config_from_args
+    from etl.pipeline.run import run as run_pipeline
 
     config = config_from_args(args)
     timings: Counter[str] = Counter()

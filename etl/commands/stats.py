@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the queries and print them in the chosen format."""
-    from etl.stats import query_names, run_queries
+    from etl.analysis.stats import query_names, run_queries
 
     if args.query == ["list"]:
         print("\n".join(query_names()))
@@ -95,7 +95,7 @@ def _print_tables(tables: dict[str, Any], *, limit: int) -> None:
     import pyarrow as pa
     from rich.table import Table
 
-    from etl.console import console as Console
+    from etl.ui.console import console as Console
 
     # Piped output gets a wide fixed width: rich's default of 80 squeezes 10-column tables.
     console = Console(width=None if sys.stdout.isatty() else 200)

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from etl.columns import INVALID_UTF8
 from etl.errors import EtlError
-from etl.reader import INVALID_UTF8
 
 RAW_PREVIEW_CHARS = 500
 # A `missing_key` detail ends with RECORD_KEYS and the record's keys as a JSON list (the

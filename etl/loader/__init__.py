@@ -24,7 +24,7 @@ _EXPORTS = {
     "collate_fixed": "collate",
     "collate_longest": "collate",
     "resolve_pad_id": "collate",
-    "Ragged": "ragged",
+    "Ragged": "etl.ragged",  # lives at the top: output/ uses it too
     "TorchCollate": "device",
     "EpisodeDataLoader": "episode_loader",
     "TrainingConfig": "config",
@@ -42,4 +42,5 @@ from etl.loader.collate import collate as collate
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'etl.loader' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"etl.loader.{_EXPORTS[name]}"), name)
+    module = _EXPORTS[name]
+    return getattr(importlib.import_module(module if "." in module else f"etl.loader.{module}"), name)

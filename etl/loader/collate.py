@@ -13,7 +13,7 @@ import numpy as np
 
 from etl.columns import IGNORE_INDEX
 from etl.errors import EtlError
-from etl.loader.ragged import Ragged, from_examples
+from etl.ragged import Ragged, from_examples
 
 Truncation = Literal["right", "left"]
 

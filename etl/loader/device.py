@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from etl.loader.collate import collate
-from etl.loader.ragged import Ragged
+from etl.ragged import Ragged
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

@@ -22,8 +22,8 @@ from etl.loader.collate import collate_fixed
 from etl.loader.config import TrainingConfig
 from etl.loader.device import resolve_device, to_device, to_torch
 from etl.loader.episodes import EpisodeSplit, open_split, read_meta
-from etl.loader.ragged import Ragged
 from etl.loader.samplers import epoch_order, random_rows
+from etl.ragged import Ragged
 
 log = logging.getLogger("etl.loader.episodes")
 

@@ -17,11 +17,11 @@ import numpy as np
 
 from etl.columns import DATA_DIR, INPUT_IDS, LOSS_MASK, SPLITS
 from etl.errors import EtlError
-from etl.loader.ragged import from_arrow
-from etl.manifest import read_manifest
-from etl.ownership import OutputWriter, tmp_of
-from etl.parts import listed_parts, listed_splits, open_part
-from etl.progress import rows_bar
+from etl.output.manifest import read_manifest
+from etl.output.ownership import OutputWriter, tmp_of
+from etl.output.parts import listed_parts, listed_splits, open_part
+from etl.ragged import from_arrow
+from etl.ui.progress import rows_bar
 
 TOKENS_FILE, MASK_FILE, INDEX_FILE, META_FILE = (
     "tokens.bin",

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from etl.columns import IGNORE_INDEX, INPUT_IDS, LOSS_MASK, LOSS_WEIGHT
 from etl.errors import EtlError
 from etl.loader.collate import COLLATE_FNS, collate, collate_fixed, collate_longest, resolve_pad_id
-from etl.loader.ragged import Ragged, concat, from_examples
+from etl.ragged import Ragged, concat, from_examples
 
 F, T_ = False, True
 A = ([10, 11, 12, 13], [F, F, T_, T_])

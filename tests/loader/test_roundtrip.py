@@ -15,7 +15,7 @@ from etl.columns import INPUT_IDS, LOSS_MASK
 from etl.loader.config import TrainingConfig
 from etl.loader.dataloader import ParquetLoader
 from etl.loader.episode_loader import EpisodeDataLoader
-from etl.manifest import read_manifest
+from etl.output.manifest import read_manifest
 
 S = 64
 

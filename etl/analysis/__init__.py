@@ -1,0 +1,1 @@
+"""Reading an output back for people: stats queries, report, inspect, check-template."""

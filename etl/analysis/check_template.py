@@ -1,0 +1,266 @@
+"""`etl check-template`: do the pipeline's ids equal the tokenizer's own chat template, tokenized whole?
+
+The reference for each example is the real `chat_template` rendered with jinja2 (transformers'
+environment, `etl.tokens.chat_jinja`) on the messages the pipeline serialized, then encoded at once by
+the raw `tokenizers` library with special tokens parsed. For Qwen2.5 this equals transformers'
+`apply_chat_template`; for Phi-3 the two differ after a special token (see shared/data/README.md).
+This is a diagnostic: it loops over examples in Python (a few thousand per second is plenty).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etl import columns as c
+from etl.config.run_config import RunConfig
+from etl.errors import EtlError
+from etl.formats.base import record_keys
+from etl.formats.registry import build_query, run_builder
+from etl.ingest.reader import UnreadableFile, discover, read_chunks
+from etl.pipeline import stages as st
+from etl.pipeline.build import build_examples, records_frame
+from etl.pipeline.context import Context, build_context
+from etl.tokens.chat_jinja import chat_template_source, render, special_tokens_map, token_string
+
+Message = dict[str, str]
+REFERENCE_PATH = (
+    "jinja2 render of the whole conversation (transformers' sandboxed environment), encoded at once "
+    "with tokenizers.Tokenizer.encode(text, add_special_tokens=False) (raw `tokenizers`, not transformers)"
+)
+NO_TRUNCATION = 1 << 30  # S so large that no conversation is truncated or dropped
+WINDOW_BEFORE, WINDOW_AFTER = 4, 8  # rows shown before / after the first difference
+ALIGN_SPAN = 64  # tokens after it that difflib aligns (quadratic at worst: keep it small)
+
+
+@dataclass(frozen=True)
+class Diff:
+    """The first differing example: where the ids part and the aligned token pieces around it."""
+
+    id: str
+    position: int
+    pipeline_tokens: int
+    reference_tokens: int
+    rows: list[dict[str, Any]]
+
+
+@dataclass
+class CheckReport:
+    """Counts over the examples checked; `identical_loose` ignores bos/eos/trailing whitespace.
+
+    `template_default_system` is the system text the tokenizer's chat_template inserts itself
+    (None when it inserts none or cannot be derived); `record_keys` the top-level keys of the
+    first record rejected for a missing key, which hint at the input type the data needs.
+    """
+
+    template: str
+    tokenizer: str
+    reference: str
+    default_system: str | None
+    template_notes: str
+    input_type: str = "chat"
+    template_default_system: str | None = None
+    examples: int = 0
+    identical: int = 0
+    identical_loose: int = 0
+    differ_with_special_text: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    record_keys: list[str] = field(default_factory=list)
+    first_diff: Diff | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        n = max(self.examples, 1)
+        out["share_identical"] = self.identical / n
+        out["share_identical_loose"] = self.identical_loose / n
+        return out
+
+
+class Reference:
+    """The tokenizer's own chat template and a raw `tokenizers` encoder that parses special tokens."""
+
+    def __init__(self, ctx: Context) -> None:
+        from tokenizers import Tokenizer
+
+        path = getattr(ctx.tokenizer, "path", None)
+        config = getattr(ctx.tokenizer, "config", None) or {}
+        if not path:
+            raise EtlError("check-template needs --tokenizer DIR: a Hugging Face tokenizer directory "
+                           "with a chat_template")
+        self.source = chat_template_source(config, where=str(Path(path).with_name("tokenizer_config.json")))
+        self.tokens = special_tokens_map(config)
+        # encode_special_tokens stays False here: the template's special tokens are control.
+        self.raw = Tokenizer.from_file(path)
+        self.specials = tuple(t.content for t in self.raw.get_added_tokens_decoder().values() if t.special)
+        ends = [token_string(config, "eos_token"), token_string(config, "pad_token"), ctx.template.template.eos]
+        self.edge_ids = {i for t in ends if t and (i := self.raw.token_to_id(t)) is not None}
+        bos = token_string(config, "bos_token")
+        self.bos_id = self.raw.token_to_id(bos) if bos else None
+
+    def encode(self, conversations: list[list[Message]]) -> list[list[int]]:
+        from tqdm import tqdm
+
+        # jinja2 renders one conversation at a time (a diagnostic, not a hot path): show progress.
+        rendering = tqdm(conversations, desc="check-template", unit="ex", disable=None, leave=False)
+        texts = [render(self.source, msgs, tokens=self.tokens) for msgs in rendering]
+        return [e.ids for e in self.raw.encode_batch(texts, add_special_tokens=False)]
+
+    def loose(self, ids: list[int]) -> list[int]:
+        """Ids without a leading bos and trailing eos/pad/whitespace-only tokens."""
+        lo, hi = (1 if ids and ids[0] == self.bos_id else 0), len(ids)
+        while hi > lo and (ids[hi - 1] in self.edge_ids or self.raw.decode([ids[hi - 1]]).isspace()):
+            hi -= 1
+        return ids[lo:hi]
+
+    def has_special_text(self, messages: list[Message]) -> bool:
+        return any(s in m["content"] for m in messages for s in self.specials)
+
+    def diff(self, example_id: str, ours: list[int], theirs: list[int]) -> Diff:
+        """Token rows around the first difference, aligned by difflib so an extra token shows as a gap."""
+        common = min(len(ours), len(theirs))
+        pos = next((i for i in range(common) if ours[i] != theirs[i]), common)
+        lo = max(0, pos - WINDOW_BEFORE)
+        a, b = ours[lo : pos + ALIGN_SPAN], theirs[lo : pos + ALIGN_SPAN]
+        rows: list[dict[str, Any]] = []
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+            for i, j in itertools.zip_longest(range(i1, i2), range(j1, j2)):
+                rows.append(self._row(None if i is None else lo + i, a[i] if i is not None else None,
+                                      None if j is None else lo + j, b[j] if j is not None else None, tag))
+        first = next((k for k, r in enumerate(rows) if r["differs"]), len(rows))
+        return Diff(example_id, pos, len(ours), len(theirs), rows[: first + WINDOW_AFTER + 1])
+
+    def _row(self, i: int | None, a: int | None, j: int | None, b: int | None, tag: str) -> dict[str, Any]:
+        return {"pipeline_index": i, "pipeline_id": a, "pipeline_piece": self._piece(a),
+                "reference_index": j, "reference_id": b, "reference_piece": self._piece(b),
+                "differs": tag != "equal"}
+
+    def _piece(self, token_id: int | None) -> str | None:
+        return None if token_id is None else self.raw.id_to_token(token_id)
+
+
+def context_for(config: RunConfig) -> Context:
+    """`build_context`; for `hf`, until build_context resolves it, the same steps done here.
+
+    Once build_context calls `etl.tokens.hf_template.load_template_and_tokenizer`, the fallback is unused.
+    """
+    try:
+        return build_context(config, Path("."))
+    except EtlError as exc:
+        if config.template != "hf" or "unknown template" not in str(exc):
+            raise
+    import duckdb
+
+    from etl.tokens.hf_template import load_template_and_tokenizer
+    from etl.tokens.templates import resolve_template
+
+    template, tokenizer = load_template_and_tokenizer(config.template, tokenizer_spec=config.tokenizer)
+    ids = resolve_template(template, tokenizer)
+    system = None
+    if config.default_system is not None:
+        system = tokenizer.encode_texts(pa.array([config.default_system]))[0].as_py()
+    return Context(config=config, dst=Path("."), tokenizer=tokenizer, template=ids, system_ids=system,
+                   con=duckdb.connect(), bos=list(ids.bos), eos=list(ids.eos))
+
+
+def own_default_system(ctx: Context) -> str | None:
+    """The system text the tokenizer's chat_template inserts when a conversation has none.
+
+    With a preset template (`--template chatml`) it is derived from the chat_template as `hf`
+    would; a chat_template `hf` cannot express gives None: this only feeds a hint.
+    """
+    from etl.tokens.hf_template import HF, resolve_template_name
+
+    if ctx.config.template == HF:
+        return getattr(ctx.template.template, "default_system", None)
+    try:
+        return resolve_template_name(HF, ctx.tokenizer).default_system
+    except EtlError:
+        return None
+
+
+def _good_rows(raw: pa.Table, ctx: Context, report: CheckReport, *, room: int | None) -> pa.Table:
+    """Parse a chunk with the run's builder; count rejects up to the last good row kept (`room`)."""
+    cfg = ctx.config
+    roles = [r for r in ctx.template.header if r != "text" or cfg.input_type == "text"]
+    query = build_query(cfg.input_type, roles=roles, options=cfg.input_options, max_record_bytes=cfg.max_record_bytes)
+    parsed = run_builder(ctx.con, raw, query)
+    good = parsed.filter(parsed.column(c.REASON).is_null())
+    if room is not None and good.num_rows > room:
+        good = good.slice(0, room)
+        last = good.column(c.SOURCE_LINE)[-1].as_py() if room else -1
+        parsed = parsed.filter(pc.less_equal(parsed.column(c.SOURCE_LINE), last))
+    if not report.record_keys:
+        missing = parsed.filter(pc.equal(parsed.column(c.REASON), "missing_key"))
+        report.record_keys = record_keys(missing.column(c.DETAIL)[0].as_py()) if missing.num_rows else []
+    # Builder rejects and builder drops ("drop:..." reasons) alike: neither reaches the pipeline.
+    for item in pc.value_counts(parsed.column(c.REASON).drop_null()).to_pylist():
+        report.rejected[item["values"]] = report.rejected.get(item["values"], 0) + item["counts"]
+    return good
+
+
+def _conversations(records: pl.DataFrame, plan: pl.DataFrame, default_system: str | None) -> list[list[Message]]:
+    """The messages the pipeline serialized, injected default system message included."""
+    injected = set(plan.filter(pl.col(c.INJECTED))[st.CONV].to_list())
+    convs = []
+    for conv, messages in zip(records[st.CONV].to_list(), records["messages"].to_list(), strict=True):
+        msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+        if conv in injected:
+            msgs.insert(0, {"role": "system", "content": default_system or ""})
+        convs.append(msgs)
+    return convs
+
+
+def compare_chunk(records: pl.DataFrame, ctx: Context, ref: Reference, report: CheckReport) -> None:
+    """Run the pipeline on one chunk of records and compare every example with the reference."""
+    examples, plan = build_examples(records, ctx)
+    convs = _conversations(records, plan, ctx.config.default_system)
+    ours_by_conv = dict(zip(examples[st.CONV].to_list(), examples[c.INPUT_IDS].to_list(), strict=True))
+    theirs = ref.encode(convs)
+    rows = zip(records[st.CONV].to_list(), records[c.ID].to_list(), convs, theirs, strict=True)
+    for conv, example_id, msgs, ref_ids in rows:
+        ours = ours_by_conv.get(conv, [])
+        report.examples += 1
+        if ours == ref_ids:
+            report.identical += 1
+            report.identical_loose += 1
+            continue
+        report.identical_loose += ref.loose(ours) == ref.loose(ref_ids)
+        report.differ_with_special_text += ref.has_special_text(msgs)
+        if report.first_diff is None:
+            report.first_diff = ref.diff(example_id, ours, ref_ids)
+
+
+def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> CheckReport:
+    """Compare the pipeline's `input_ids` with the whole-conversation reference on SRC.
+
+    Args:
+        src: input file, directory or glob (any input type the config's builder reads).
+        config: run settings; `seq_len` is raised so that nothing is truncated.
+        limit: check at most this many good records.
+    """
+    config = dataclasses.replace(config, seq_len=NO_TRUNCATION)
+    ctx = context_for(config)
+    ref = Reference(ctx)
+    template = ctx.template.template
+    report = CheckReport(template=template.name, tokenizer=ctx.tokenizer.name, reference=REFERENCE_PATH,
+                         default_system=config.default_system, template_notes=template.notes,
+                         input_type=config.input_type, template_default_system=own_default_system(ctx))
+    for source in discover(src):
+        try:
+            for raw in read_chunks(source, chunk_bytes=config.chunk_bytes):
+                good = _good_rows(raw, ctx, report, room=None if limit is None else limit - report.examples)
+                if good.num_rows:
+                    compare_chunk(records_frame(source.name, good), ctx, ref, report)
+                if limit is not None and report.examples >= limit:
+                    return report
+        except UnreadableFile as exc:  # counted like `etl run` counts it: one reject, and go on
+            report.rejected[exc.reason] = report.rejected.get(exc.reason, 0) + 1
+    return report

@@ -1,0 +1,182 @@
+"""Token statistics of an etl output: run the DuckDB queries of `sql/` over DST, get Arrow tables.
+
+One query per file `sql/<name>.sql`. Inputs are bound, never formatted in: `$data`, `$turns`,
+`$rejects` (lists of Parquet files), `$manifest` (path of `_manifest.json`), `$bin_width`,
+`$seq_lens`. A query receives exactly the parameters it names (DuckDB rejects extra ones).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from etl import columns as C
+from etl.errors import EtlError
+from etl.output.manifest import read_manifest
+from etl.output.parquet import DATA_SCHEMA, REJECTS_SCHEMA, TURNS_SCHEMA
+
+# sql/ is the repository's top-level folder; etl/sql links to it so wheels ship the queries too.
+# ETL_SQL_DIR overrides it.
+SQL_DIR = Path(os.environ.get("ETL_SQL_DIR", Path(__file__).resolve().parents[1] / "sql"))
+
+# Display order of `etl stats` and the report: summaries first, row listings last.
+QUERY_ORDER = (
+    "lengths",
+    "length_histogram",
+    "trained_share",
+    "turns_per_example",
+    "roles",
+    "domains",
+    "drops",
+    "rejects",
+    "packing",
+    "consistency",
+    "zero_trained",
+    "untrained_eot",
+)
+
+HISTOGRAM_BINS = 32  # default bin width = ceil(seq_len / 32): ~32 bars up to seq_len
+
+_PARAM = re.compile(r"\$([a-z_][a-z0-9_]*)")
+_COMMENT = re.compile(r"--[^\n]*")
+
+# Zero-row stand-ins for absent file groups (e.g. a run with no rejects): read_parquet([]) is an
+# error in DuckDB, an empty file with the contract schema is the honest "nothing here".
+_EMPTY_SCHEMAS = {"data": DATA_SCHEMA, "turns": TURNS_SCHEMA, "rejects": REJECTS_SCHEMA}
+
+
+def query_names() -> list[str]:
+    """Names of the available queries (`sql/*.sql` stems), in display order."""
+    if not SQL_DIR.is_dir():
+        raise EtlError(
+            f"query folder {SQL_DIR} not found: install etl editable from its repository "
+            "(pip install -e .) or set ETL_SQL_DIR to the repository's sql/ folder"
+        )
+    found = {p.stem for p in SQL_DIR.glob("*.sql")}
+    known = [n for n in QUERY_ORDER if n in found]
+    return known + sorted(found - set(known))
+
+
+def load_query(name: str) -> str:
+    """The SQL text of query `name`.
+
+    Raises:
+        EtlError: when no `sql/<name>.sql` exists; the message lists the valid names.
+    """
+    names = query_names()
+    if name not in names:
+        raise EtlError(f"unknown query {name!r}: choose one of {', '.join(names)}")
+    return (SQL_DIR / f"{name}.sql").read_text(encoding="utf-8")
+
+
+def query_parameters(sql: str) -> set[str]:
+    """The `$name` parameters a query uses (comments ignored)."""
+    return set(_PARAM.findall(_COMMENT.sub("", sql)))
+
+
+def input_files(dst: str | os.PathLike[str], manifest: dict[str, Any] | None = None) -> dict[str, list[str]]:
+    """The Parquet files the manifest lists per group (`data`, `turns`, `rejects`), checked.
+
+    sha256 too: DuckDB does not verify Parquet page checksums, and hashing costs ~1 s per GB,
+    less than the queries read on most outputs.
+    """
+    from etl.output.parts import listed_parts, listed_splits
+
+    manifest = manifest if manifest is not None else read_manifest(dst)
+    splits = listed_splits(dst, manifest)
+
+    def group(folders: list[str]) -> list[str]:
+        return [str(p) for f in folders for p in listed_parts(dst, f, manifest=manifest, checksum=True)]
+
+    return {
+        "data": group([f"{C.DATA_DIR}/{s}" for s in splits]),
+        "turns": group([f"{C.TURNS_DIR}/{s}" for s in splits]),
+        "rejects": group([C.REJECTS_DIR]),
+    }
+
+
+def default_bin_width(seq_len: int) -> int:
+    """Histogram bin width for a given S: about `HISTOGRAM_BINS` bins up to S."""
+    return max(1, math.ceil(seq_len / HISTOGRAM_BINS))
+
+
+def run_queries(
+    dst: str | os.PathLike[str],
+    names: Sequence[str] | None = None,
+    *,
+    seq_lens: Sequence[int] | None = None,
+    bin_width: int | None = None,
+    threads: int | None = None,
+) -> dict[str, pa.Table]:
+    """Run queries over an etl output.
+
+    Args:
+        dst: the output folder of `etl run` (holds `_manifest.json`).
+        names: queries to run; all of them (display order) when None.
+        seq_lens: target lengths S of the packing estimate; the manifest's seq_len when None.
+        bin_width: tokens per histogram bin; `default_bin_width(seq_len)` when None.
+        threads: DuckDB threads; DuckDB's default (all cores) when None.
+
+    Returns:
+        Query name -> result table, in the order asked.
+
+    Raises:
+        EtlError: DST is not a finished output, a name is unknown, an argument is out of range,
+            or a query fails on files that do not follow the layout.
+    """
+    import duckdb  # ~0.1 s import; only the stats/report paths need it
+
+    manifest = read_manifest(dst)
+    texts = {name: load_query(name) for name in (names or query_names())}
+    seq_len = int(manifest.get("seq_len") or C.DEFAULT_SEQ_LEN)
+    values: dict[str, Any] = {
+        "manifest": str(Path(dst) / C.MANIFEST_FILE),
+        "seq_lens": [int(s) for s in (seq_lens or [seq_len])],
+        "bin_width": int(bin_width if bin_width is not None else default_bin_width(seq_len)),
+    }
+    if values["bin_width"] < 1 or min(values["seq_lens"]) < 1:
+        raise EtlError("--bin-width and --seq-len must be positive integers")
+    con = duckdb.connect(config={"threads": threads} if threads else {})
+    with tempfile.TemporaryDirectory(prefix="etl-stats-") as tmp:
+        for group, files in input_files(dst, manifest).items():
+            values[group] = files or [_empty_parquet(Path(tmp), group)]
+        try:
+            return {name: _execute(con, name, sql, values) for name, sql in texts.items()}
+        finally:
+            con.close()
+
+
+def run_query(dst: str | os.PathLike[str], name: str, **options: Any) -> pa.Table:
+    """Run one query; `options` are those of `run_queries`."""
+    return run_queries(dst, [name], **options)[name]
+
+
+def _execute(con: Any, name: str, sql: str, values: dict[str, Any]) -> pa.Table:
+    import duckdb
+
+    used = query_parameters(sql)
+    assert used <= set(values), f"{name}.sql uses unknown parameters {used - set(values)}"
+    params = {key: values[key] for key in used}
+    try:
+        return con.sql(sql, params=params).to_arrow_table()
+    except duckdb.Error as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise EtlError(
+            f"query {name!r} failed: {first}; check that DST was written by `etl run` "
+            "(layout in DESIGN.md section 4)"
+        ) from exc
+
+
+def _empty_parquet(folder: Path, group: str) -> str:
+    import pyarrow.parquet as pq
+
+    path = folder / f"empty-{group}.parquet"
+    pq.write_table(_EMPTY_SCHEMAS[group].empty_table(), path)
+    return str(path)

@@ -1,0 +1,1 @@
+"""Settings of a run: `RunConfig` and `MaskOptions`, and how a config file and flags make them."""

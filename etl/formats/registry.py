@@ -1,0 +1,116 @@
+"""Record builders: vectorized DuckDB SQL that validates raw JSON records and normalizes them.
+
+A builder turns the `(source_line, line)` table of `etl.ingest.reader` into canonical rows
+`(source_line, reason, detail, raw, messages list<struct<role, content, train, weight>>,
+domain)`; `reason` is null for good rows, names the first problem of a rejected row, and
+starts with `drop:` for rows filtered on purpose (text length). DuckDB's JSON functions
+type-check every record in one pass; Polars' `json_decode` fails a whole batch on the first
+malformed line and silently casts numbers to strings, which would hide bad records.
+Builders live in `etl.formats.*` and register by input type name with `@register_builder`.
+A record longer than the query's `max_record_bytes` is rejected (`record_too_large`) here,
+before DuckDB parses it: memory then follows the chunk, not the largest record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+# Importing the format modules registers their builders.
+from etl.formats import conversation, instruction, text, transcript  # noqa: F401
+from etl.formats.base import (
+    BUILDERS,
+    DEFAULT_MAX_RECORD_BYTES,
+    RAW_PREVIEW_CHARS,
+    TOO_LARGE,
+    Builder,
+    BuilderQuery,
+    json_key_path,
+    register_builder,
+)
+
+__all__ = [
+    "BUILDERS", "DEFAULT_MAX_RECORD_BYTES", "RAW_PREVIEW_CHARS", "TOO_LARGE", "Builder", "BuilderQuery",
+    "build_query", "json_key_path", "record_bytes", "register_builder", "run_builder",
+]
+
+
+def build_query(input_type: str, *, roles: list[str], options: dict[str, Any], max_record_bytes: int) -> BuilderQuery:
+    """The query of `input_type`'s builder with its options, and the record size limit that every
+    input type shares (`preprocessing.max_record_bytes`, kept out of the builders' own options)."""
+    return dataclasses.replace(BUILDERS[input_type](roles=roles, **options), max_record_bytes=max_record_bytes)
+
+
+def run_builder(con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQuery) -> pa.Table:
+    """Run a builder over one raw chunk; returns the canonical table (good and bad rows).
+
+    Records over `query.max_record_bytes` never reach DuckDB: they come back as
+    `record_too_large` rows, in line order with the others.
+    """
+    too_large = record_bytes(raw.column("line")) > query.max_record_bytes
+    if not too_large.any():
+        return _run_sql(con, raw, query)
+    parsed = _run_sql(con, raw.filter(pa.array(~too_large)), query)
+    rejected = _too_large_rows(raw.filter(pa.array(too_large)), parsed.schema, query.max_record_bytes)
+    table = pa.concat_tables([parsed, rejected])
+    return table.take(pc.sort_indices(table.column("source_line")))
+
+
+def _run_sql(con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQuery) -> pa.Table:
+    # DuckDB's allocator keeps what a query freed unless its background thread purges it: a
+    # 16 MiB chunk's parse left ~0.1 GB resident under the next chunk's tokenizing, and one
+    # 22 MB record ~0.15 GB (bench/big_record.py: -0.1 GB peak RSS on normal data). Process-wide
+    # and idempotent; ~20 us a chunk.
+    con.execute("set allocator_background_threads = true")
+    con.register("raw", raw)
+    try:
+        return con.sql(query.sql, params=query.params).to_arrow_table()
+    finally:
+        con.unregister("raw")
+
+
+def record_bytes(lines: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Bytes of each record's JSON text, not counting the line's own "\n" or "\r\n" (int64).
+
+    Read from the Arrow offsets: no pass over the text.
+    """
+    chunks = lines.chunks if isinstance(lines, pa.ChunkedArray) else [lines]
+    sizes = [np.zeros(0, np.int64)]
+    for arr in chunks:
+        arr = arr.cast(pa.large_string())
+        offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset : arr.offset + len(arr) + 1]
+        data = np.frombuffer(arr.buffers()[2], np.uint8) if arr.buffers()[2] is not None else np.zeros(1, np.uint8)
+        size = np.diff(offsets)
+        ends = offsets[1:]
+        newline = (size >= 1) & (data[np.maximum(ends - 1, 0)] == 0x0A)
+        crlf = newline & (size >= 2) & (data[np.maximum(ends - 2, 0)] == 0x0D)
+        sizes.append(size - newline - crlf)
+    return np.concatenate(sizes)
+
+
+def _too_large_rows(big: pa.Table, schema: pa.Schema, limit: int) -> pa.Table:
+    """`record_too_large` rows in the builder's output schema: first 500 characters as `raw`.
+
+    One Python line per rejected record builds its detail: such records are rare.
+    """
+    sizes = record_bytes(big.column("line"))
+    detail = [
+        f"the record is {size:,} bytes of JSON, over max_record_bytes {limit:,} ({limit / (1 << 20):.3g} MiB); "
+        "raise preprocessing.max_record_bytes in a config or pass --max-record-mb to keep it"
+        for size in sizes.tolist()
+    ]
+    n = big.num_rows
+    given = {
+        "source_line": big.column("source_line"),
+        "reason": pa.array([TOO_LARGE] * n),
+        "detail": pa.array(detail),
+        "raw": pc.utf8_slice_codeunits(big.column("line"), 0, RAW_PREVIEW_CHARS),
+    }
+    return pa.table(
+        [given[f.name].cast(f.type) if f.name in given else pa.nulls(n, f.type) for f in schema], schema=schema
+    )

@@ -1,0 +1,122 @@
+"""Readers read exactly the parts the manifest lists, and check them before they trust them.
+
+Every reader of DST (stats, report, inspect, export, the loader) gets its files here: each listed
+part must exist with the bytes and row count the manifest recorded (a footer read per file,
+milliseconds), optionally its sha256 (a full read, ~1 s per GB); a part on disk that the manifest
+does not list is ignored with a warning. Content changed in place at the same size is caught by the
+Parquet page checksums that pyarrow readers verify (`open_part`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from etl.columns import DATA_DIR, MANIFEST_FORMAT_VERSION
+from etl.errors import EtlError, EtlWarning
+from etl.output.manifest import read_manifest
+
+RERUN = "rerun `etl run` to rewrite it"
+
+
+def _entries(manifest: dict[str, Any], dst: Path) -> list[dict[str, Any]]:
+    files = manifest.get("files")
+    if manifest.get("format_version", 1) < MANIFEST_FORMAT_VERSION or not isinstance(files, list):
+        raise EtlError(
+            f"{dst} was written by an older etl whose manifest does not list its files with "
+            f"checksums; {RERUN}"
+        )
+    return files
+
+
+def _check(path: Path, entry: dict[str, Any], *, checksum: bool) -> None:
+    if not path.is_file():
+        raise EtlError(f"{path} is listed in the manifest but missing; {RERUN}")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        raise EtlError(f"{path} has {size:,} bytes, the manifest says {entry['bytes']:,}: it changed "
+                       f"after etl wrote it; {RERUN}")
+    if entry.get("rows") is not None:
+        try:
+            rows = pq.read_metadata(path).num_rows
+        except (OSError, ValueError) as exc:
+            raise EtlError(f"{path} is not a readable Parquet file ({exc}); {RERUN}") from exc
+        if rows != entry["rows"]:
+            raise EtlError(f"{path} has {rows:,} rows, the manifest says {entry['rows']:,}; {RERUN}")
+    if checksum:
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        if digest != entry["sha256"]:
+            raise EtlError(f"{path} does not match its sha256 in the manifest: it changed after "
+                           f"etl wrote it; {RERUN}")
+
+
+def listed_parts(
+    dst: str | os.PathLike[str],
+    folder: str,
+    *,
+    manifest: dict[str, Any] | None = None,
+    checksum: bool = False,
+) -> list[Path]:
+    """The Parquet parts the manifest lists directly in `folder` (e.g. `data/train`), checked.
+
+    Args:
+        dst: an `etl run` output.
+        folder: a folder of DST, relative, with `/` separators.
+        manifest: DST's manifest when the caller has read it already.
+        checksum: also compare each part's sha256 (reads it whole).
+
+    Returns:
+        The parts in path order (the order the run wrote them).
+
+    Raises:
+        EtlError: a listed part is missing or differs from what the manifest recorded.
+    """
+    root = Path(dst)
+    manifest = manifest if manifest is not None else read_manifest(root)
+    prefix = folder.strip("/") + "/"
+    chosen = [e for e in _entries(manifest, root)
+              if e["path"].startswith(prefix) and "/" not in e["path"][len(prefix):]
+              and e["path"].endswith(".parquet")]
+    chosen.sort(key=lambda e: e["path"])
+    for entry in chosen:
+        _check(root / entry["path"], entry, checksum=checksum)
+    listed = {e["path"] for e in chosen}
+    extra = sorted(p.relative_to(root).as_posix() for p in (root / folder).glob("*.parquet"))
+    extra = [p for p in extra if p not in listed]
+    if extra:
+        warnings.warn(
+            f"{root}: ignoring {len(extra)} Parquet file(s) the manifest does not list: "
+            f"{', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}",
+            EtlWarning,
+            stacklevel=2,
+        )
+    return [root / e["path"] for e in chosen]
+
+
+def listed_splits(dst: str | os.PathLike[str], manifest: dict[str, Any] | None = None) -> list[str]:
+    """Splits that have data parts in the manifest, sorted."""
+    manifest = manifest if manifest is not None else read_manifest(dst)
+    paths = [e["path"].split("/") for e in _entries(manifest, Path(dst))]
+    return sorted({p[1] for p in paths if len(p) == 3 and p[0] == DATA_DIR})
+
+
+def fingerprint(parts: list[Path], dst: str | os.PathLike[str], manifest: dict[str, Any]) -> str:
+    """A short digest of exactly these parts as the manifest recorded them (path, rows, bytes,
+    sha256): equal for a byte-identical rerun, different for any other data."""
+    root = Path(dst)
+    wanted = {p.relative_to(root).as_posix() for p in parts}
+    entries = sorted((e for e in _entries(manifest, root) if e["path"] in wanted), key=lambda e: e["path"])
+    text = json.dumps([[e["path"], e["rows"], e["bytes"], e["sha256"]] for e in entries])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def open_part(path: Path) -> pq.ParquetFile:
+    """A Parquet file whose page checksums are verified as pages are read (~1 GB/s CRC32)."""
+    return pq.ParquetFile(path, page_checksum_verification=True)

@@ -1,0 +1,1 @@
+"""The per-chunk build: Polars stages plan turns, numpy assembles examples; `run` drives it."""

@@ -1,0 +1,219 @@
+"""Assemble examples from planned turns with numpy: one gather builds every token list of a chunk.
+
+Each kept turn contributes six pieces in order (BOS, header, content, end, separator, EOS;
+BOS/EOS only on a conversation's first/last turn). A piece is a range of a source buffer
+plus a training flag; clipping the ranges to the hard-cut window and gathering them in one
+`np.repeat` + `arange` pass gives the flat `input_ids`, and `np.repeat` of the flags gives
+`loss_mask`. Cost is O(tokens) in C; rebuilding lists in Polars costs ~10x more (NOTES.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from etl.columns import INJECTED
+from etl.pipeline import stages as st
+
+PIECES = 6
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """Flat token data of a chunk's conversations, in conversation order."""
+
+    conv: np.ndarray  # conversation number of each example
+    offsets: np.ndarray  # int64, len(conv) + 1
+    ids: np.ndarray  # int32 flat
+    mask: np.ndarray  # bool flat
+    weight: np.ndarray | None = None  # float32 flat: the message weight on trained tokens, else 0
+
+    def num_trained(self) -> np.ndarray:
+        # reduceat over uint8 runs ~10x faster than a cumsum of bools (which converts per
+        # element); empty examples would get a neighbour's value, so they are zeroed.
+        lengths = np.diff(self.offsets)
+        if not len(lengths):
+            return np.zeros(0, np.int32)
+        starts = np.minimum(self.offsets[:-1], max(len(self.mask) - 1, 0))
+        counts = np.add.reduceat(self.mask.view(np.uint8), starts, dtype=np.int64) if len(self.mask) else lengths
+        return np.where(lengths > 0, counts, 0).astype(np.int32)
+
+    def list_arrays(self) -> tuple[pa.ListArray, pa.ListArray]:
+        offsets = pa.array(self.offsets.astype(np.int32))
+        return (
+            pa.ListArray.from_arrays(offsets, pa.array(self.ids, pa.int32())),
+            pa.ListArray.from_arrays(offsets, pa.array(self.mask, pa.bool_())),
+        )
+
+    def weight_array(self) -> pa.ListArray | None:
+        if self.weight is None:
+            return None
+        offsets = pa.array(self.offsets.astype(np.int32))
+        return pa.ListArray.from_arrays(offsets, pa.array(self.weight, pa.float32()))
+
+
+def _list_parts(col: pl.Series) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+    """(flat values per chunk, chunk, start and length of each row) of a list<int32> column.
+
+    Zero-copy: chunk by chunk, since `to_arrow` of a several-chunk Series copies every value.
+    """
+    flats, chunk, starts, lengths = [], [], [], []
+    for j, part in enumerate(col.get_chunks()):
+        arr = part.to_arrow()
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        arr = arr.cast(pa.large_list(pa.int32()))
+        offsets = arr.offsets.to_numpy()
+        # `values` is the whole child array, shared by every chunk sliced from one array.
+        values = arr.values.to_numpy(zero_copy_only=False)
+        flats.append(values[offsets[0] : offsets[-1]] if len(offsets) else values[:0])
+        chunk.append(np.full(len(arr), j, dtype=np.int64))
+        starts.append(offsets[:-1] - (offsets[0] if len(offsets) else 0))
+        lengths.append(np.diff(offsets))
+    if not flats:
+        return [], *(np.zeros(0, np.int64),) * 3
+    return flats, np.concatenate(chunk), np.concatenate(starts), np.concatenate(lengths)
+
+
+def _first_last(conv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    first = np.ones(len(conv), dtype=bool)
+    first[1:] = conv[1:] != conv[:-1]
+    last = np.ones(len(conv), dtype=bool)
+    last[:-1] = conv[1:] != conv[:-1]
+    return first, last
+
+
+def _range_gather(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Indices of the concatenated ranges [starts[i], starts[i] + lengths[i]).
+
+    One cumulative sum over a delta array (1 inside a range, a jump at each range start)
+    instead of repeat + arange: a single pass and a single array, int32 when it fits.
+    """
+    keep = lengths > 0
+    starts, lengths = starts[keep], lengths[keep]
+    total = int(lengths.sum())
+    dtype = np.int32 if max(total, int(starts.max(initial=0)) + 1) < 2**31 else np.int64
+    delta = np.ones(total, dtype=dtype)
+    if total:
+        firsts = np.cumsum(lengths) - lengths
+        prev_last = np.concatenate(([0], (starts + lengths - 1)[:-1]))
+        delta[firsts] = starts - prev_last
+        delta[0] = starts[0]
+    return np.cumsum(delta, dtype=dtype, out=delta)  # in place: one index array, not two
+
+
+def _gather_pieces(
+    sources: list[np.ndarray], piece_source: np.ndarray, src_start: np.ndarray, length: np.ndarray
+) -> np.ndarray:
+    """sources[piece_source[i]][src_start[i] : src_start[i] + length[i]] for every piece, in order.
+
+    One gather from the concatenated sources (2x faster than a gather and a scatter per
+    source), except that a source of which less than half is kept is first cut down to its
+    kept ranges: concatenating it whole copied a 22 MB message's every id to keep S of them
+    (bench/big_record.py). Copying what is kept twice costs less than copying it all once then.
+    """
+    sources, src_start = list(sources), src_start.copy()
+    for k, source in enumerate(sources):
+        sel = (piece_source == k) & (length > 0)
+        if len(source) > 2 * int(length[sel].sum()):
+            sources[k] = source[_range_gather(src_start[sel], length[sel])] if sel.any() else source[:0]
+            src_start[sel] = np.cumsum(length[sel]) - length[sel]
+    base = np.cumsum([0] + [len(source) for source in sources[:-1]])
+    return np.concatenate(sources)[_range_gather(src_start + base[piece_source], length)]
+
+
+def _pieces(
+    turns: pl.DataFrame,
+    rows: np.ndarray,
+    conv: np.ndarray,
+    *,
+    bos_ids: list[int],
+    eos_ids: list[int],
+    system: list[int],
+) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """Where each of a kept turn's PIECES comes from: (source arrays, source of every piece,
+    start in its source per piece kind, length per piece kind). BOS, EOS and the injected
+    system text come from one small constant array; the rest point into the list columns."""
+    n = len(rows)
+    first, last = _first_last(conv)
+    const = np.asarray(bos_ids + eos_ids + system, dtype=np.int32)
+    sources, starts, lengths = [const], [np.zeros(n, np.int64)], [first * len(bos_ids)]
+    piece_source = np.zeros((n, PIECES), dtype=np.int64)  # BOS and EOS come from `const`
+    for k, column in enumerate((st.HEADER_IDS, st.CONTENT_IDS, st.END_IDS, st.SEP_IDS), start=1):
+        flats, chunk, start, length = _list_parts(turns[column])
+        piece_source[:, k] = len(sources) + chunk[rows]
+        sources += flats
+        starts.append(start[rows])
+        lengths.append(length[rows])
+    starts.append(np.full(n, len(bos_ids)))
+    lengths.append(last * len(eos_ids))
+    injected = turns[INJECTED].to_numpy()[rows]
+    if injected.any():  # the default system text: from `const`, after BOS and EOS
+        piece_source[injected, 2] = 0
+        starts[2] = np.where(injected, len(bos_ids) + len(eos_ids), starts[2])
+        lengths[2] = np.where(injected, len(system), lengths[2])
+    return sources, piece_source, starts, lengths
+
+
+def assemble(
+    turns: pl.DataFrame,
+    *,
+    bos_ids: list[int],
+    eos_ids: list[int],
+    system_ids: list[int] | None = None,
+    weights: bool = False,
+) -> Assembled:
+    """Token lists of every conversation with at least one whole-kept turn.
+
+    Args:
+        turns: planned turns (`etl.pipeline.stages.plan_turns`), sorted by conversation and turn.
+        bos_ids: ids put once before each conversation (may be empty).
+        eos_ids: ids put once after each conversation (may be empty).
+        system_ids: the content ids of injected system turns (their rows hold none).
+        weights: also build per-token loss weights from the messages' `weight` (default 1).
+    """
+    rows = np.flatnonzero(turns["keep_whole"].to_numpy())  # per-turn arrays only: ids stay in place
+    n = len(rows)
+    conv = turns[st.CONV].to_numpy()[rows]
+    sources, piece_source, starts, lengths = _pieces(
+        turns, rows, conv, bos_ids=bos_ids, eos_ids=eos_ids, system=list(system_ids or [])
+    )
+
+    piece_src = np.stack(starts, axis=1).astype(np.int64)
+    piece_len = np.stack(lengths, axis=1).astype(np.int64)
+    flags = np.stack(
+        [
+            np.zeros(n, bool),
+            turns[st.TRAIN_HEADER].to_numpy()[rows],
+            turns[st.TRAIN_CONTENT].to_numpy()[rows],
+            turns[st.TRAIN_END].to_numpy()[rows],
+            np.zeros(n, bool),
+            np.zeros(n, bool),
+        ],
+        axis=1,
+    )
+    # Conversation coordinates of each piece: the turn starts at POS (after its BOS, if any).
+    bos_len = lengths[0]
+    piece_pos = (turns[st.POS].to_numpy()[rows] - bos_len)[:, None] + np.cumsum(piece_len, axis=1) - piece_len
+    win_lo = turns[st.CUT].to_numpy()[rows][:, None]
+    win_hi = win_lo + turns[st.WINDOW].to_numpy()[rows][:, None]
+    lo = np.maximum(piece_pos, win_lo)
+    hi = np.minimum(piece_pos + piece_len, win_hi)
+    clipped = np.maximum(hi - lo, 0).ravel()
+    src_start = (piece_src + (lo - piece_pos)).ravel()
+
+    ids = _gather_pieces(sources, piece_source.ravel(), src_start, clipped)
+    mask = np.repeat(flags.ravel(), clipped)
+
+    weight = None
+    if weights:
+        turn_weight = turns[st.MSG_WEIGHT].fill_null(1.0).to_numpy()[rows].astype(np.float32)
+        weight = np.repeat(np.repeat(turn_weight, PIECES), clipped) * mask
+    per_turn = clipped.reshape(n, PIECES).sum(axis=1)
+    conv_ids, conv_first = np.unique(conv, return_index=True)
+    per_conv = np.add.reduceat(per_turn, conv_first) if n else np.zeros(0, np.int64)
+    offsets = np.concatenate(([0], np.cumsum(per_conv))).astype(np.int64)
+    return Assembled(conv=conv_ids, offsets=offsets, ids=ids, mask=mask, weight=weight)

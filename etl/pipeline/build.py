@@ -1,0 +1,109 @@
+"""From per-conversation records to examples: plan the turns (Polars), assemble the tokens (numpy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from etl import columns as c
+from etl.pipeline import stages as st
+from etl.pipeline.assemble import Assembled, assemble
+from etl.pipeline.context import Context
+
+
+def records_frame(
+    source_name: str,
+    good: pa.Table,
+    *,
+    domain: pa.Array | None = None,
+    split: pa.Array | None = None,
+) -> pl.DataFrame:
+    """Canonical per-conversation rows of one chunk: conv number, id, source, domain, split."""
+    n = good.num_rows
+    return (
+        pl.from_arrow(good.select([c.SOURCE_LINE, "messages"]))
+        .with_row_index(st.CONV)
+        .with_columns(
+            pl.lit(source_name).alias(c.SOURCE_FILE),
+            pl.concat_str([pl.lit(source_name + ":"), pl.col(c.SOURCE_LINE).cast(pl.String)]).alias(
+                c.ID
+            ),
+            pl.Series(
+                c.DOMAIN, domain if domain is not None else [c.DEFAULT_DOMAIN] * n, dtype=pl.String
+            ),
+            pl.Series(c.SPLIT, split if split is not None else ["train"] * n, dtype=pl.String),
+        )
+    )
+
+
+def _conversation_summary(plan: pl.DataFrame, seq_len: int, bos_eos: int) -> pl.DataFrame:
+    # Only the columns it reads: a group_by rechunks its frame, list columns of ids included.
+    return (
+        plan.select(st.CONV, c.KEPT, st.TURN_LEN, st.DROP_REASON)
+        .group_by(st.CONV, maintain_order=True)
+        .agg(
+            pl.len().cast(pl.Int32).alias(c.NUM_TURNS),
+            (~pl.col(c.KEPT)).sum().cast(pl.Int32).alias(c.NUM_TURNS_DROPPED),
+            ((pl.col(st.TURN_LEN).sum() + bos_eos) > seq_len).alias(c.TRUNCATED),
+            pl.col(st.DROP_REASON).first(),
+        )
+    )
+
+
+def _examples(
+    records: pl.DataFrame, plan: pl.DataFrame, built: Assembled, ctx: Context
+) -> pl.DataFrame:
+    seq_len = ctx.config.seq_len
+    bos_eos = len(ctx.bos) + len(ctx.eos)
+    input_ids, loss_mask = built.list_arrays()
+    columns = {
+        st.CONV: pa.array(built.conv),
+        c.INPUT_IDS: input_ids,
+        c.LOSS_MASK: loss_mask,
+        c.NUM_TOKENS: pa.array(np.diff(built.offsets).astype(np.int32)),
+        c.NUM_TRAINED: pa.array(built.num_trained()),
+    }
+    if built.weight is not None:
+        columns[c.LOSS_WEIGHT] = built.weight_array()
+    tokens = pl.from_arrow(pa.table(columns))
+    return (
+        records.select(st.CONV, c.ID, c.SOURCE_FILE, c.SOURCE_LINE, c.DOMAIN, c.SPLIT)
+        # left join: a conversation whose every turn was dropped (keep_prefix) has no tokens
+        # but must still be counted with its drop reason
+        .join(tokens, on=st.CONV, how="left", maintain_order="left")
+        .with_columns(pl.col(c.NUM_TOKENS, c.NUM_TRAINED).fill_null(0))
+        .join(
+            _conversation_summary(plan, seq_len, bos_eos),
+            on=st.CONV,
+            how="left",
+            maintain_order="left",
+        )
+    )
+
+
+def build_examples(records: pl.DataFrame, ctx: Context) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Examples (one row per conversation, all columns of `data`) and the per-turn plan.
+
+    Conversations with no trained token are still in the result (num_trained == 0); the
+    caller drops them with a reason.
+    """
+    cfg = ctx.config
+    with ctx.timed("tokenize_plan"):
+        plan = st.plan_turns(
+            records.lazy(),
+            encode=ctx.timed_encode,
+            role_table=ctx.template.role_table(),
+            system_ids=ctx.system_ids,
+            mask=ctx.mask,
+            seq_len=cfg.seq_len,
+            bos_len=len(ctx.bos),
+            eos_len=len(ctx.eos),
+            truncation=cfg.truncation,
+        ).collect()
+    with ctx.timed("assemble"):
+        built = assemble(plan, bos_ids=ctx.bos, eos_ids=ctx.eos, system_ids=ctx.system_ids, weights=ctx.weights)
+        # The per-turn ids are in `built` now; without them the plan is a few numbers per turn
+        # (the caller joins and writes it as `turns`, which would copy them again).
+        plan = plan.drop(st.HEADER_IDS, st.CONTENT_IDS, st.END_IDS, st.SEP_IDS)
+        return _examples(records, plan, built, ctx), plan

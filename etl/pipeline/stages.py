@@ -1,0 +1,337 @@
+"""Pipeline stages over per-turn rows: each is a function `LazyFrame -> LazyFrame` that never collects.
+
+Turn rows carry `conv` (the conversation's row number in its chunk) and `turn_index`; every
+per-conversation quantity is a window expression `.over(CONV)`. The output of `plan_turns`
+is one row per turn with its piece lengths, training flags, whole-turn keep decision and the
+hard-cut window, which `etl.pipeline.assemble` turns into token lists with numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import polars as pl
+import pyarrow as pa
+
+from etl.columns import END, INJECTED, KEPT, ROLE, START, TRAINED, TURN_INDEX
+from etl.config.run_config import MaskOptions
+
+CONV = "conv"
+CONTENT = "content"
+MSG_TRAIN, MSG_WEIGHT = "train", "weight"  # per-message overrides from the record
+DROP_REASON = "drop_reason"  # a conversation-level reason not to write the example
+CONTENT_IDS = "content_ids"
+HEADER_IDS, END_IDS, SEP_IDS = "header_ids", "end_ids", "sep_ids"
+HEADER_LEN, CONTENT_LEN, END_LEN, SEP_LEN = "header_len", "content_len", "end_len", "sep_len"
+TURN_LEN = "turn_len"
+TRAIN_HEADER, TRAIN_CONTENT, TRAIN_END = "train_header", "train_content", "train_end"
+UNIT = "unit"
+POS = "pos"  # start of the turn in the conversation before the hard cut
+CUT = "cut"  # start of the kept window in the conversation
+WINDOW = "window"  # length of the kept window (<= seq_len)
+TOTAL = "total"  # conversation length after whole-turn dropping, before the hard cut
+
+Encoder = Callable[[pa.Array], pa.LargeListArray]
+
+
+def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
+    """One row per message: (conv, turn_index, role, content, train, weight, injected=False).
+
+    `train` / `weight` are the message's own overrides (null when it sets none).
+    """
+    fields = records.collect_schema()["messages"].inner.fields  # type: ignore[attr-defined]
+    names = {f.name for f in fields}
+    train = (
+        pl.col(MSG_TRAIN) if MSG_TRAIN in names else pl.lit(None, dtype=pl.Boolean).alias(MSG_TRAIN)
+    )
+    weight = (
+        pl.col(MSG_WEIGHT)
+        if MSG_WEIGHT in names
+        else pl.lit(None, dtype=pl.Float64).alias(MSG_WEIGHT)
+    )
+    return (
+        records.select(
+            pl.col(CONV),
+            pl.col("messages"),
+            pl.int_ranges(0, pl.col("messages").list.len(), dtype=pl.Int32).alias(TURN_INDEX),
+        )
+        .explode(["messages", TURN_INDEX])
+        .unnest("messages")
+        .select(
+            CONV,
+            TURN_INDEX,
+            ROLE,
+            CONTENT,
+            train.cast(pl.Boolean),
+            weight.cast(pl.Float64),
+            pl.lit(False).alias(INJECTED),
+        )
+    )
+
+
+def add_default_system(turns: pl.LazyFrame, *, enabled: bool) -> pl.LazyFrame:
+    """Seed 000: a conversation without a leading system turn gets one (content filled later)."""
+    if not enabled:
+        return turns
+    missing = turns.filter((pl.col(TURN_INDEX) == 0) & (pl.col(ROLE) != "system")).select(
+        pl.col(CONV),
+        pl.lit(-1, dtype=pl.Int32).alias(TURN_INDEX),
+        pl.lit("system").alias(ROLE),
+        pl.lit("").alias(CONTENT),
+        pl.lit(None, dtype=pl.Boolean).alias(MSG_TRAIN),
+        pl.lit(None, dtype=pl.Float64).alias(MSG_WEIGHT),
+        pl.lit(True).alias(INJECTED),
+    )
+    return (
+        pl.concat([turns, missing], how="vertical")
+        .sort([CONV, TURN_INDEX])
+        .with_columns(pl.int_range(pl.len(), dtype=pl.Int32).over(CONV).alias(TURN_INDEX))
+    )
+
+
+def tokenize_contents(
+    turns: pl.LazyFrame, *, encode: Encoder, system_ids: list[int]
+) -> pl.LazyFrame:
+    """Content -> ids in one batched tokenizer call, and `CONTENT_LEN`.
+
+    An injected system turn keeps its empty content's (empty) ids: its `CONTENT_LEN` counts
+    the `system_ids`, which `etl.pipeline.assemble` takes from a constant buffer. Splicing them in per
+    row (`when/then/otherwise` over the list column) copied every id of the chunk twice: 2 x 88
+    MB for one 22 MB message with the byte tokenizer (bench/big_record.py).
+    """
+
+    def encode_series(content: pl.Series) -> pl.Series:
+        return pl.Series(CONTENT_IDS, encode(content.to_arrow()), dtype=pl.List(pl.Int32))
+
+    return (
+        turns.with_columns(
+            pl.col(CONTENT).map_batches(encode_series, return_dtype=pl.List(pl.Int32)).alias(CONTENT_IDS)
+        )
+        .with_columns(
+            pl.when(pl.col(INJECTED))
+            .then(pl.lit(len(system_ids), dtype=pl.Int32))
+            .otherwise(pl.col(CONTENT_IDS).list.len().cast(pl.Int32))
+            .alias(CONTENT_LEN)
+        )
+        .drop(CONTENT)
+    )
+
+
+def attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFrame:
+    """Give each turn its role's constant header/end/separator ids and piece lengths.
+
+    A gather from the few-row role table by role number, not a join: a join gathers every
+    column of the turns again, the content ids included (one more copy of all of them).
+    """
+    number = pl.col(ROLE).replace_strict(
+        role_table[ROLE], pl.Series(range(role_table.height)), default=None, return_dtype=pl.UInt32
+    )
+    pieces = {HEADER_IDS: HEADER_LEN, END_IDS: END_LEN, SEP_IDS: SEP_LEN}
+    return (
+        turns.with_columns(number.alias("role_number"))
+        .with_columns(pl.lit(role_table[ids]).gather(pl.col("role_number")).alias(ids) for ids in pieces)
+        .drop("role_number")
+        .with_columns(pl.col(ids).list.len().cast(pl.Int32).alias(length) for ids, length in pieces.items())
+        .with_columns(
+            (pl.col(HEADER_LEN) + pl.col(CONTENT_LEN) + pl.col(END_LEN) + pl.col(SEP_LEN)).alias(
+                TURN_LEN
+            )
+        )
+    )
+
+
+def mark_training(turns: pl.LazyFrame, opts: MaskOptions) -> pl.LazyFrame:
+    """Per-turn flags: is the header / content / end-of-turn of this turn trained?
+
+    Role rules give the default; a message's own `train` field overrides it (seed 004 /
+    LLaMA-Factory style), a weight of 0 turns it off, and `last_assistant_only` / the
+    end-of-turn policy narrow it.
+    """
+    is_assistant = pl.col(ROLE) == "assistant"
+    last_assistant = pl.when(is_assistant).then(pl.col(TURN_INDEX)).max().over(CONV)
+    trains = pl.coalesce(pl.col(MSG_TRAIN), pl.col(ROLE).is_in(list(opts.train_roles)))
+    # A message weighted 0 carries no loss (LLaMA-Factory's loss_weight): it is not trained.
+    trains = trains & (pl.col(MSG_WEIGHT).is_null() | (pl.col(MSG_WEIGHT) != 0))
+    if opts.last_assistant_only:
+        trains = trains & (~is_assistant | (pl.col(TURN_INDEX) == last_assistant))
+    end = {
+        "turn": trains,
+        "last": trains & (pl.col(TURN_INDEX) == last_assistant),
+        "all": pl.lit(True),
+        "none": pl.lit(False),
+    }[opts.eot]
+    return turns.with_columns(
+        (trains & pl.lit(bool(opts.train_header))).fill_null(False).alias(TRAIN_HEADER),
+        trains.fill_null(False).alias(TRAIN_CONTENT),
+        end.fill_null(False).alias(TRAIN_END),
+    )
+
+
+def require_complete_user(turns: pl.LazyFrame) -> pl.LazyFrame:
+    """Seed 001: an assistant turn trains only when a whole user turn precedes it in its unit.
+
+    Runs after truncation: a user turn cut by the hard cut (it starts before the window) is
+    incomplete, and so is a unit with no user turn at all.
+    """
+    complete_user = (pl.col(ROLE) == "user") & pl.col("keep_whole") & (pl.col(POS) >= pl.col(CUT))
+    ok = complete_user.any().over([CONV, UNIT])
+    gate = (pl.col(ROLE) != "assistant") | ok
+    return turns.with_columns(
+        (pl.col(TRAIN_HEADER) & gate).alias(TRAIN_HEADER),
+        (pl.col(TRAIN_CONTENT) & gate).alias(TRAIN_CONTENT),
+        (pl.col(TRAIN_END) & gate).alias(TRAIN_END),
+    )
+
+
+def plan_truncation(
+    turns: pl.LazyFrame,
+    *,
+    seq_len: int,
+    bos_len: int,
+    eos_len: int,
+    policy: str = "drop_oldest_turns",
+) -> pl.LazyFrame:
+    """Decide which whole turns stay (`keep_whole`) and the kept window (`CUT`, `WINDOW`).
+
+    Policies (DESIGN §5):
+    - `drop_oldest_turns` (seed 000): drop whole oldest units after the system turn until it
+      fits, never the unit of the final assistant turn; then a hard cut that keeps the final
+      end-of-turn. Units start at each user turn. Because unit lengths are positive, dropping
+      the fewest oldest units is keeping every unit whose tail sum (itself and all later
+      turns) fits next to the head: one reverse cumulative sum, no loop.
+    - `keep_prefix` (seed 001's length filter): keep the longest prefix of whole units that
+      fits; when the first unit does not fit with the system turn, drop the conversation.
+    - `right` (seed 004): keep the first seq_len tokens.
+    - `drop`: drop conversations longer than seq_len.
+    """
+    is_head = (pl.col(TURN_INDEX) == 0) & (pl.col(ROLE) == "system")
+    last_assistant = pl.when(pl.col(ROLE) == "assistant").then(pl.col(TURN_INDEX)).max().over(CONV)
+    unit = pl.when(is_head).then(-1).otherwise((pl.col(ROLE) == "user").cum_sum().over(CONV))
+    protected = pl.coalesce(
+        pl.when(pl.col(TURN_INDEX) == last_assistant).then(pl.col(UNIT)).max().over(CONV),
+        pl.col(UNIT).max().over(CONV),
+    )
+    fixed = bos_len + eos_len
+    head_len = fixed + pl.when(is_head).then(pl.col(TURN_LEN)).otherwise(0).sum().over(CONV)
+    # Window expressions must not nest (an inner .over would run inside the outer groups),
+    # so running sums are materialized as columns first.
+    full = fixed + pl.col(TURN_LEN).sum().over(CONV)
+    keep_whole = {
+        "drop_oldest_turns": is_head
+        | (pl.col(UNIT) >= protected)
+        | (head_len + pl.col("tail").max().over([CONV, UNIT]) - pl.col("after_final") <= seq_len),
+        "keep_prefix": is_head | (fixed + pl.col("upto").max().over([CONV, UNIT]) <= seq_len),
+        "right": pl.lit(True),
+        "drop": pl.lit(True),
+    }[policy]
+    first_unit = pl.when(~is_head).then(pl.col(UNIT)).min().over(CONV)
+    drop_reason = {
+        "keep_prefix": pl.when(
+            ~(pl.col("keep_whole") & (pl.col(UNIT) == first_unit)).any().over(CONV)
+        ).then(pl.lit("first_pair_too_long")),
+        "drop": pl.when(full > seq_len).then(pl.lit("too_long")),
+    }.get(policy, pl.lit(None, dtype=pl.String))
+    keep_len = pl.when(pl.col("keep_whole")).then(pl.col(TURN_LEN)).otherwise(0)
+    final_eot = (
+        pl.when(pl.col(TURN_INDEX) == last_assistant)
+        .then(pl.col(POS) + pl.col(HEADER_LEN) + pl.col(CONTENT_LEN) + pl.col(END_LEN) - 1)
+        .max()
+        .over(CONV)
+    )
+    # A hard cut keeps the seq_len tokens that end with the final assistant end-of-turn:
+    # turns after it carry no loss, and ending there keeps that end-of-turn a target.
+    stop = (
+        pl.when(pl.lit(policy == "right"))
+        .then(pl.min_horizontal(pl.col(TOTAL), seq_len))
+        .when((pl.col(TOTAL) <= seq_len) | final_eot.is_null())
+        .then(pl.col(TOTAL))
+        .otherwise(final_eot + 1)
+    )
+    return (
+        turns.with_columns(
+            unit.cast(pl.Int32).alias(UNIT),
+            pl.col(TURN_LEN).cum_sum(reverse=True).over(CONV).alias("tail"),
+            pl.col(TURN_LEN).cum_sum().over(CONV).alias("upto"),
+            last_assistant.alias("last_asst"),
+        )
+        # What the fit test leaves out: everything after the final assistant end-of-turn (its
+        # separator, later turns, EOS). Those carry no loss and the hard cut drops them when
+        # they do not fit, so counting them would drop older trained pairs for nothing.
+        .with_columns(
+            pl.when(pl.col("last_asst").is_null())
+            .then(0)
+            .otherwise(
+                pl.when(pl.col(TURN_INDEX) > pl.col("last_asst"))
+                .then(pl.col(TURN_LEN))
+                .otherwise(0)
+                .sum()
+                .over(CONV)
+                + pl.when(pl.col(TURN_INDEX) == pl.col("last_asst"))
+                .then(pl.col(SEP_LEN))
+                .otherwise(0)
+                .sum()
+                .over(CONV)
+                + eos_len
+            )
+            .alias("after_final")
+        )
+        .with_columns(keep_whole.alias("keep_whole"))
+        .with_columns(
+            (bos_len + keep_len.cum_sum().over(CONV) - keep_len).alias(POS),
+            (fixed + keep_len.sum().over(CONV)).alias(TOTAL),
+            drop_reason.alias(DROP_REASON),
+        )
+        .with_columns(stop.alias("stop"))
+        .with_columns(pl.max_horizontal(pl.col("stop") - seq_len, 0).alias(CUT))
+        .with_columns((pl.col("stop") - pl.col(CUT)).alias(WINDOW))
+    )
+
+
+def _overlap(lo: pl.Expr, hi: pl.Expr, win_lo: pl.Expr, win_hi: pl.Expr) -> pl.Expr:
+    return (hi > lo) & (pl.min_horizontal(hi, win_hi) > pl.max_horizontal(lo, win_lo))
+
+
+def place_turns(turns: pl.LazyFrame) -> pl.LazyFrame:
+    """Each turn's span in the written example (`start`/`end`, -1 when dropped), `kept`, `trained`."""
+    lo = pl.col(CUT) - pl.col(POS)  # the window in turn-relative coordinates
+    hi = lo + pl.col(WINDOW)
+    h, c, e = pl.col(HEADER_LEN), pl.col(CONTENT_LEN), pl.col(END_LEN)
+    trained = (
+        (pl.col(TRAIN_HEADER) & _overlap(pl.lit(0), h, lo, hi))
+        | (pl.col(TRAIN_CONTENT) & _overlap(h, h + c, lo, hi))
+        | (pl.col(TRAIN_END) & _overlap(h + c, h + c + e, lo, hi))
+    )
+    start = (pl.col(POS) - pl.col(CUT)).clip(0, pl.col(WINDOW))
+    end = (pl.col(POS) + pl.col(TURN_LEN) - pl.col(CUT)).clip(0, pl.col(WINDOW))
+    kept = pl.col("keep_whole") & (end > start)
+    return turns.with_columns(
+        kept.alias(KEPT),
+        pl.when(kept).then(start).otherwise(-1).cast(pl.Int32).alias(START),
+        pl.when(kept).then(end).otherwise(-1).cast(pl.Int32).alias(END),
+    ).with_columns((pl.col(KEPT) & trained).alias(TRAINED))
+
+
+def plan_turns(
+    records: pl.LazyFrame,
+    *,
+    encode: Encoder,
+    role_table: pl.DataFrame,
+    system_ids: list[int] | None,
+    mask: MaskOptions,
+    seq_len: int,
+    bos_len: int,
+    eos_len: int,
+    truncation: str = "drop_oldest_turns",
+) -> pl.LazyFrame:
+    """All per-turn stages in order: explode, default system, tokenize, template, mask, truncate."""
+    turns = explode_turns(records)
+    turns = add_default_system(turns, enabled=system_ids is not None)
+    turns = tokenize_contents(turns, encode=encode, system_ids=system_ids or [])
+    turns = attach_template(turns, role_table)
+    turns = mark_training(turns, mask)
+    turns = plan_truncation(
+        turns, seq_len=seq_len, bos_len=bos_len, eos_len=eos_len, policy=truncation
+    )
+    if mask.require_complete_user:
+        turns = require_complete_user(turns)
+    return place_turns(turns)

@@ -1,0 +1,152 @@
+"""Template `hf`: per-role header / end / separator strings derived from a tokenizer's `chat_template`.
+
+The chat_template is rendered (jinja2, as `transformers` does) on probe conversations of unique
+marker contents (`etl.tokens.hf_probe`); the text around the markers becomes bos, per-role headers,
+ends and separators, and eos. A default system prompt the template injects is exposed as
+`default_system`, never folded into a header. `resolve_template_name` is the one entry point
+that turns a `--template` name (preset or `hf`) into a `Template`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from etl.errors import EtlError
+from etl.tokens.chat_jinja import (
+    CONFIG_FILE,
+    Config,
+    chat_template_source,
+    load_config,
+    special_tokens_map,
+    token_string,
+)
+from etl.tokens.hf_probe import (
+    MARKER,
+    AddedToken,
+    Probe,
+    Roles,
+    Unsupported,
+    added_tokens,
+    derive_roles,
+    derive_tool,
+    split_tail,
+    whitespace_rules,
+)
+from etl.tokens.templates import PRESETS, RoleFormat, Template, get_template
+from etl.tokens.tokenizer import TextTokenizer, load_tokenizer
+
+HF = "hf"
+
+
+@dataclass(frozen=True)
+class HFTemplate(Template):
+    """A `Template` derived from a chat_template, plus the system prompt the template injects.
+
+    `default_system` is the text the template inserts as system content when a conversation has
+    no system message (Qwen2.5: "You are Qwen, created by Alibaba Cloud. ..."), or None. It is
+    never part of a header; a caller may use it as the run's default system text.
+    """
+
+    default_system: str | None = None
+
+
+def template_from_hf(tokenizer_dir_or_config: str | os.PathLike[str] | Config, *,
+                     tokenizer: TextTokenizer) -> HFTemplate:
+    """Derive the `hf` template from a tokenizer_config.json (a dict, the file, or its directory).
+
+    Args:
+        tokenizer_dir_or_config: where the `chat_template` and the bos/eos token names come from.
+        tokenizer: the loaded tokenizer; its tokenizer.json `added_tokens` decide which strings
+            are special tokens and which whitespace the tokenizer absorbs (lstrip/rstrip).
+
+    Raises:
+        EtlError: no chat_template, or the template cannot be written as constant per-role
+            header/end strings (the message names the role and the reason).
+    """
+    config = load_config(tokenizer_dir_or_config)
+    where = CONFIG_FILE if isinstance(tokenizer_dir_or_config, Mapping) else str(tokenizer_dir_or_config)
+    source = chat_template_source(config, where=where)
+    added = added_tokens(tokenizer)
+    probe = Probe(source, special_tokens_map(config), token_string(config, "bos_token") or "",
+                  token_string(config, "eos_token") or "", whitespace_rules(added))
+    notes = [f"derived from chat_template sha256 {hashlib.sha256(source.encode()).hexdigest()[:16]}"]
+    try:
+        roles = derive_roles(probe)
+        try:
+            roles.header["tool"], roles.tail["tool"] = derive_tool(probe, roles)
+        except Unsupported as exc:
+            notes.append(f"tool role left out ({exc}); records with tool messages are rejected")
+        return _assemble(roles, probe, added=added, notes=notes + _content_notes(probe, added))
+    except Unsupported as exc:
+        raise EtlError(f"template hf: the chat_template of {where} is not expressible as constant "
+                       f"per-role header/end strings: {exc}") from exc
+
+
+def _content_notes(probe: Probe, added: Sequence[AddedToken]) -> list[str]:
+    """Differences etl cannot reproduce (content edited by the template) or reproduces on purpose."""
+    notes = []
+    pad = " \n"
+    text = probe.text(("system", "user", "assistant"), pad=pad)
+    if f"{pad}{MARKER.format(1)}{pad}" not in text:
+        notes.append("the template changes whitespace around message content (e.g. trim); etl does not")
+    stripped = [t.content for t in added if (t.rstrip or t.lstrip) and t.content in text]
+    if stripped:
+        notes.append(f"whitespace next to {', '.join(stripped)} dropped: the tokenizer absorbs it "
+                     "(lstrip/rstrip)")
+    return notes
+
+
+def _assemble(roles: Roles, probe: Probe, *, added: Sequence[AddedToken], notes: list[str]) -> HFTemplate:
+    specials = [t.content for t in added if t.special]
+    formats, eot = {}, ""
+    for role, head in roles.header.items():
+        end, sep, token = split_tail(roles.tail[role], specials, role=role)
+        formats[role] = RoleFormat(head, end, sep)
+        eot = token if role == "assistant" and token else eot
+    bos, eos = (probe.bos if roles.has_bos else ""), (probe.eos if roles.has_eos else "")
+    texts = [bos, eos] + [s for f in formats.values() for s in (f.header, f.end, f.sep)]
+    used = tuple(s for s in specials if any(s in t for t in texts))
+    if roles.default_system is not None:
+        notes.append(f"the template injects a default system prompt: {roles.default_system!r}")
+    return HFTemplate(name=HF, roles=formats, special_tokens=used, eot=eot, bos=bos, eos=eos,
+                      notes="; ".join(notes), default_system=roles.default_system)
+
+
+def _preset(name: str) -> Template:
+    if name not in PRESETS:
+        raise EtlError(f"unknown template {name!r}; choose one of: {', '.join(sorted([*PRESETS, HF]))}")
+    return get_template(name)
+
+
+def resolve_template_name(name: str, tokenizer: TextTokenizer) -> Template:
+    """`PRESETS[name]` for a preset; for `hf` the template derived from the tokenizer's chat_template.
+
+    Raises:
+        EtlError: unknown name, `hf` with a tokenizer that has no tokenizer_config.json next to
+            its tokenizer.json, or a chat_template `hf` cannot express.
+    """
+    if name != HF:
+        return _preset(name)
+    path = getattr(tokenizer, "path", None)
+    config = Path(path).with_name(CONFIG_FILE) if path else None
+    if config is None or not config.is_file():
+        raise EtlError(f"template hf needs a Hugging Face tokenizer directory (tokenizer.json + "
+                       f"{CONFIG_FILE} with a chat_template); got tokenizer {tokenizer.name}")
+    return template_from_hf(config, tokenizer=tokenizer)
+
+
+def load_template_and_tokenizer(name: str, *, tokenizer_spec: str) -> tuple[Template, TextTokenizer]:
+    """Tokenizer first for `hf` (the template comes from it), template first for presets.
+
+    The built-in `bytes` tokenizer registers a preset's special tokens when it is created, so a
+    preset must be known before the tokenizer is loaded; `hf` reads the tokenizer's own files.
+    """
+    if name == HF:
+        tokenizer = load_tokenizer(tokenizer_spec)
+        return resolve_template_name(name, tokenizer), tokenizer
+    template = _preset(name)
+    return template, load_tokenizer(tokenizer_spec, special_tokens=template.special_tokens)

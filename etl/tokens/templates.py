@@ -1,0 +1,191 @@
+"""Chat templates: per role a header, an end-of-turn and a separator, plus preset names.
+
+A `Template` is strings; `resolve_template` turns it into ids with a tokenizer once per run
+(headers and ends are constant per role, DESIGN §3), giving the small role table the
+pipeline joins onto its per-turn rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import polars as pl
+
+from etl.errors import EtlError
+from etl.tokens.tokenizer import TextTokenizer, encode_template_text
+
+ROLES = ("system", "user", "assistant", "tool")
+
+NGPT_SUFFIX = "84a5023f67d74cf29cc4001becde983c"
+NGPT_SYS = f"<|ngpt_sys_{NGPT_SUFFIX}|>"
+NGPT_USR = f"<|ngpt_usr_{NGPT_SUFFIX}|>"
+NGPT_ASST = f"<|ngpt_asst_{NGPT_SUFFIX}|>"
+NGPT_EOT = f"<|ngpt_eot_{NGPT_SUFFIX}|>"
+
+
+@dataclass(frozen=True)
+class RoleFormat:
+    """How one role's turn is serialized: header + content + end + sep."""
+
+    header: str
+    end: str
+    sep: str = ""
+
+
+@dataclass(frozen=True)
+class Template:
+    """A chat format. `eot` is the end-of-turn token (the default pad id, seed 000).
+
+    `bos`/`eos` are added once per conversation (llama3's `<|begin_of_text|>`, seed 001's
+    `<|EOS|>` record separator); they are never trained. `train_header` is the template's
+    default for training the assistant header marker (seed 001 trains `<|ASSISTANT|>`).
+    """
+
+    name: str
+    roles: dict[str, RoleFormat]
+    special_tokens: tuple[str, ...]
+    eot: str
+    bos: str = ""
+    eos: str = ""
+    train_header: bool = False
+    notes: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _per_role(header: str, end: str, sep: str = "", roles: tuple[str, ...] = ROLES) -> dict[str, RoleFormat]:
+    return {r: RoleFormat(header.format(role=r), end, sep) for r in roles}
+
+
+PRESETS: dict[str, Template] = {
+    "ngpt": Template(
+        name="ngpt",
+        roles={
+            "system": RoleFormat(NGPT_SYS, NGPT_EOT),
+            "user": RoleFormat(NGPT_USR, NGPT_EOT),
+            "assistant": RoleFormat(NGPT_ASST, NGPT_EOT),
+        },
+        special_tokens=(NGPT_SYS, NGPT_USR, NGPT_ASST, NGPT_EOT),
+        eot=NGPT_EOT,
+        notes="seed 000: token-native role markers, EOT is the only stop boundary",
+    ),
+    "post_training": Template(
+        name="post_training",
+        roles={
+            "system": RoleFormat("<|SYSTEM|>", "<|END|>"),
+            "user": RoleFormat("<|USER|>", "<|END|>"),
+            "assistant": RoleFormat("<|ASSISTANT|>", "<|END|>"),
+        },
+        special_tokens=("<|SYSTEM|>", "<|USER|>", "<|ASSISTANT|>", "<|END|>", "<|EOS|>"),
+        eot="<|END|>",
+        eos="<|EOS|>",
+        train_header=True,
+        notes="seed 001: <|ASSISTANT|> ... <|END|> trained inclusive; <|EOS|> ends each record",
+    ),
+    "chatml": Template(
+        name="chatml",
+        roles=_per_role("<|im_start|>{role}\n", "<|im_end|>", "\n"),
+        special_tokens=("<|im_start|>", "<|im_end|>"),
+        eot="<|im_end|>",
+        notes="Qwen / OpenAI ChatML",
+    ),
+    "llama3": Template(
+        name="llama3",
+        roles=_per_role("<|start_header_id|>{role}<|end_header_id|>\n\n", "<|eot_id|>", "", ROLES[:3] + ("ipython",)),
+        special_tokens=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+        eot="<|eot_id|>",
+        bos="<|begin_of_text|>",
+        notes="Llama 3 instruct",
+    ),
+    "phi3": Template(
+        name="phi3",
+        roles=_per_role("<|{role}|>\n", "<|end|>", "\n", ROLES[:3]),
+        special_tokens=("<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>"),
+        eot="<|end|>",
+        eos="<|endoftext|>",
+        notes="Phi-3 / Phi-3.5 mini: the chat template appends eos_token after the last turn",
+    ),
+}
+
+
+def get_template(name: str) -> Template:
+    """Look up a preset by name (the `hf` template is derived from a tokenizer instead)."""
+    if name not in PRESETS:
+        raise EtlError(f"unknown template {name!r}; choose one of: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]
+
+
+@dataclass(frozen=True)
+class TemplateIds:
+    """A template resolved to ids with one tokenizer."""
+
+    template: Template
+    header: dict[str, list[int]]
+    end: dict[str, list[int]]
+    sep: dict[str, list[int]]
+    bos: list[int]
+    eos: list[int]
+    eot_id: int
+    special_ids: dict[str, int] = field(default_factory=dict)
+
+    def role_table(self) -> pl.DataFrame:
+        """One row per role with its constant header/end/separator ids (joined onto turns)."""
+        roles = sorted(self.header)
+        ids = pl.List(pl.Int32)
+        return pl.DataFrame(
+            {
+                "role": roles,
+                "header_ids": pl.Series([self.header[r] for r in roles], dtype=ids),
+                "end_ids": pl.Series([self.end[r] for r in roles], dtype=ids),
+                "sep_ids": pl.Series([self.sep[r] for r in roles], dtype=ids),
+            }
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        fmt = {"text": RoleFormat("", "", ""), **self.template.roles}
+        roles = {
+            r: {**asdict(fmt[r]), "header_ids": self.header[r],
+                "end_ids": self.end[r], "sep_ids": self.sep[r]}
+            for r in sorted(self.header)
+        }
+        return {"name": self.template.name, "roles": roles, "bos": self.template.bos,
+                "eos": self.template.eos, "eot": self.template.eot, "bos_ids": self.bos,
+                "eos_ids": self.eos, "train_header": self.template.train_header}
+
+
+def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateIds:
+    """Encode every template string once; a missing special token is a clear `EtlError`."""
+    specials = template.special_tokens
+    used = "".join(f.header + f.end + f.sep for f in template.roles.values()) + template.bos + template.eos
+    missing = [tok for tok in specials if tok in used and tokenizer.special_id(tok) is None]
+    if missing:
+        raise EtlError(
+            f"template {template.name}: {', '.join(missing)} not in the vocabulary of tokenizer "
+            f"{tokenizer.name}; pick a template this tokenizer was trained with (e.g. --template "
+            "chatml for Qwen, phi3 for Phi-3, hf to derive it from tokenizer_config.json) or use "
+            "--tokenizer bytes"
+        )
+
+    def enc(text: str) -> list[int]:
+        return encode_template_text(tokenizer, text, specials)
+
+    eot = enc(template.eot)
+    if len(eot) != 1:
+        raise EtlError(f"template {template.name}: end-of-turn {template.eot!r} must be one token, got {eot}")
+    special_ids = {tok: tid for tok in specials if (tid := tokenizer.special_id(tok)) is not None}
+    # `text` (pretraining, seed 004) is bare content in every template.
+    roles = {"text": RoleFormat("", "", ""), **template.roles}
+    return TemplateIds(
+        template=template,
+        header={r: enc(f.header) for r, f in roles.items()},
+        end={r: enc(f.end) for r, f in roles.items()},
+        # The separator is encoded after its end-of-turn so that an end token that swallows
+        # whitespace on its right (Phi-3's <|end|>) swallows the separator's newline too.
+        sep={r: enc(f.end + f.sep)[len(enc(f.end)) :] for r, f in roles.items()},
+        bos=enc(template.bos),
+        eos=enc(template.eos),
+        eot_id=eot[0],
+        special_ids=special_ids,
+    )

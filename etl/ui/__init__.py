@@ -1,0 +1,1 @@
+"""Terminal output: the shared rich console and progress bars."""
