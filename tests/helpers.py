@@ -8,18 +8,18 @@ import polars as pl
 import pyarrow as pa
 
 from etl.config.run_config import RunConfig
-from etl.pipeline.run import Context, build_context, build_examples, records_frame
+from etl.pipeline.run import Resources, build_examples, build_resources, records_frame
 
 MESSAGE_FIELDS = [("role", pa.string()), ("content", pa.string())]
 OVERRIDES = [("train", pa.bool_()), ("weight", pa.float64())]
 
 
-def pipeline_examples(convs: list[list[dict[str, object]]], config: RunConfig, tmp: Path) -> tuple[pl.DataFrame, pl.DataFrame, Context]:
+def pipeline_examples(convs: list[list[dict[str, object]]], config: RunConfig, tmp: Path) -> tuple[pl.DataFrame, pl.DataFrame, Resources]:
     """Run the vectorized pipeline on in-memory conversations; returns (examples, plan, ctx).
 
     Messages may carry `train` / `weight` overrides, as a builder would produce them.
     """
-    ctx = build_context(config, tmp)
+    ctx = build_resources(config)
     with_overrides = any("train" in m or "weight" in m for conv in convs for m in conv)
     message = pa.struct(MESSAGE_FIELDS + (OVERRIDES if with_overrides else []))
     good = pa.table(

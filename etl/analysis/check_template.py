@@ -24,11 +24,11 @@ from etl import columns as c
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 from etl.formats.base import record_keys
-from etl.formats.registry import build_query, run_builder
+from etl.formats.registry import run_builder
 from etl.ingest.reader import UnreadableFile, discover, read_chunks
 from etl.pipeline import stages as st
 from etl.pipeline.build import build_examples, records_frame
-from etl.pipeline.context import Context, build_context
+from etl.pipeline.resources import Resources, build_resources
 from etl.tokens.chat_jinja import chat_template_source, render, special_tokens_map, token_string
 
 Message = dict[str, str]
@@ -87,7 +87,7 @@ class CheckReport:
 class Reference:
     """The tokenizer's own chat template and a raw `tokenizers` encoder that parses special tokens."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Resources) -> None:
         from tokenizers import Tokenizer
 
         path = getattr(ctx.tokenizer, "path", None)
@@ -146,31 +146,7 @@ class Reference:
         return None if token_id is None else self.raw.id_to_token(token_id)
 
 
-def context_for(config: RunConfig) -> Context:
-    """`build_context`; for `hf`, until build_context resolves it, the same steps done here.
-
-    Once build_context calls `etl.tokens.hf_template.load_template_and_tokenizer`, the fallback is unused.
-    """
-    try:
-        return build_context(config, Path("."))
-    except EtlError as exc:
-        if config.template != "hf" or "unknown template" not in str(exc):
-            raise
-    import duckdb
-
-    from etl.tokens.hf_template import load_template_and_tokenizer
-    from etl.tokens.templates import resolve_template
-
-    template, tokenizer = load_template_and_tokenizer(config.template, tokenizer_spec=config.tokenizer)
-    ids = resolve_template(template, tokenizer)
-    system = None
-    if config.default_system is not None:
-        system = tokenizer.encode_texts(pa.array([config.default_system]))[0].as_py()
-    return Context(config=config, dst=Path("."), tokenizer=tokenizer, template=ids, system_ids=system,
-                   con=duckdb.connect(), bos=list(ids.bos), eos=list(ids.eos))
-
-
-def own_default_system(ctx: Context) -> str | None:
+def own_default_system(ctx: Resources) -> str | None:
     """The system text the tokenizer's chat_template inserts when a conversation has none.
 
     With a preset template (`--template chatml`) it is derived from the chat_template as `hf`
@@ -186,12 +162,9 @@ def own_default_system(ctx: Context) -> str | None:
         return None
 
 
-def _good_rows(raw: pa.Table, ctx: Context, report: CheckReport, *, room: int | None) -> pa.Table:
+def _good_rows(raw: pa.Table, ctx: Resources, report: CheckReport, *, room: int | None) -> pa.Table:
     """Parse a chunk with the run's builder; count rejects up to the last good row kept (`room`)."""
-    cfg = ctx.config
-    roles = [r for r in ctx.template.header if r != "text" or cfg.input_type == "text"]
-    query = build_query(cfg.input_type, roles=roles, options=cfg.input_options, max_record_bytes=cfg.max_record_bytes)
-    parsed = run_builder(ctx.con, raw, query)
+    parsed = run_builder(ctx.con, raw, ctx.builder_query())
     good = parsed.filter(parsed.column(c.REASON).is_null())
     if room is not None and good.num_rows > room:
         good = good.slice(0, room)
@@ -218,7 +191,7 @@ def _conversations(records: pl.DataFrame, plan: pl.DataFrame, default_system: st
     return convs
 
 
-def compare_chunk(records: pl.DataFrame, ctx: Context, ref: Reference, report: CheckReport) -> None:
+def compare_chunk(records: pl.DataFrame, ctx: Resources, ref: Reference, report: CheckReport) -> None:
     """Run the pipeline on one chunk of records and compare every example with the reference."""
     examples, plan = build_examples(records, ctx)
     convs = _conversations(records, plan, ctx.config.default_system)
@@ -247,7 +220,7 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
         limit: check at most this many good records.
     """
     config = dataclasses.replace(config, seq_len=NO_TRUNCATION)
-    ctx = context_for(config)
+    ctx = build_resources(config)
     ref = Reference(ctx)
     template = ctx.template.template
     report = CheckReport(template=template.name, tokenizer=ctx.tokenizer.name, reference=REFERENCE_PATH,

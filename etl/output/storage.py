@@ -99,6 +99,28 @@ def write_storage(
     return {d: w.finish({**head, "domain": d}) for d, w in writers.items()}
 
 
+def write_run_storage(
+    dst: Path, manifest: dict[str, Any], output: OutputWriter, *, storage_format: str,
+    max_tokens_per_shard: int,
+) -> dict[str, Any]:
+    """seed 004 `output.storage_format` of a run: per-domain bin/h5 next to its Parquet, listed
+    in the run's manifest like its parts.
+
+    train goes to DST/<domain>/ as the seed lays it out; val, when there is one, to
+    DST/_val/<domain>/ (underscore-prefixed like `_rejects`, so no domain name can clash).
+    """
+    written = {}
+    for split, target in (("train", dst), ("val", dst / c.VAL_STORAGE_DIR)):
+        prefix = f"{c.DATA_DIR}/{split}/"
+        parts = [dst / f["path"] for f in output.files() if f["path"].startswith(prefix)]
+        if parts:
+            written[split] = write_storage(
+                parts, target, output=output, storage_format=storage_format, split=split,
+                max_tokens_per_shard=max_tokens_per_shard, source=manifest, dst=dst,
+            )
+    return {"format": storage_format, "domains": written}
+
+
 def export_storage(
     dst: str | os.PathLike[str],
     out: str | os.PathLike[str],

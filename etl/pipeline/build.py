@@ -8,8 +8,9 @@ import pyarrow as pa
 
 from etl import columns as c
 from etl.pipeline import stages as st
+from etl.pipeline.accounting import Timings
 from etl.pipeline.assemble import Assembled, assemble
-from etl.pipeline.context import Context
+from etl.pipeline.resources import Resources
 
 
 def records_frame(
@@ -52,10 +53,10 @@ def _conversation_summary(plan: pl.DataFrame, seq_len: int, bos_eos: int) -> pl.
 
 
 def _examples(
-    records: pl.DataFrame, plan: pl.DataFrame, built: Assembled, ctx: Context
+    records: pl.DataFrame, plan: pl.DataFrame, built: Assembled, res: Resources
 ) -> pl.DataFrame:
-    seq_len = ctx.config.seq_len
-    bos_eos = len(ctx.bos) + len(ctx.eos)
+    seq_len = res.config.seq_len
+    bos_eos = len(res.bos) + len(res.eos)
     input_ids, loss_mask = built.list_arrays()
     columns = {
         st.CONV: pa.array(built.conv),
@@ -82,28 +83,37 @@ def _examples(
     )
 
 
-def build_examples(records: pl.DataFrame, ctx: Context) -> tuple[pl.DataFrame, pl.DataFrame]:
+def build_examples(
+    records: pl.DataFrame, res: Resources, timings: Timings | None = None
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Examples (one row per conversation, all columns of `data`) and the per-turn plan.
 
     Conversations with no trained token are still in the result (num_trained == 0); the
-    caller drops them with a reason.
+    caller drops them with a reason. `timings` gets the stages' wall seconds, the tokenizer's
+    batched call on its own (it runs inside the Polars plan).
     """
-    cfg = ctx.config
-    with ctx.timed("tokenize_plan"):
+    cfg = res.config
+    timings = Timings() if timings is None else timings
+
+    def encode(texts: pa.Array) -> pa.LargeListArray:
+        with timings.timed("tokenizer"):
+            return res.tokenizer.encode_texts(texts)
+
+    with timings.timed("tokenize_plan"):
         plan = st.plan_turns(
             records.lazy(),
-            encode=ctx.timed_encode,
-            role_table=ctx.template.role_table(),
-            system_ids=ctx.system_ids,
-            mask=ctx.mask,
+            encode=encode,
+            role_table=res.template.role_table(),
+            system_ids=res.system_ids,
+            mask=res.mask,
             seq_len=cfg.seq_len,
-            bos_len=len(ctx.bos),
-            eos_len=len(ctx.eos),
+            bos_len=len(res.bos),
+            eos_len=len(res.eos),
             truncation=cfg.truncation,
         ).collect()
-    with ctx.timed("assemble"):
-        built = assemble(plan, bos_ids=ctx.bos, eos_ids=ctx.eos, system_ids=ctx.system_ids, weights=ctx.weights)
+    with timings.timed("assemble"):
+        built = assemble(plan, bos_ids=res.bos, eos_ids=res.eos, system_ids=res.system_ids, weights=res.weights)
         # The per-turn ids are in `built` now; without them the plan is a few numbers per turn
         # (the caller joins and writes it as `turns`, which would copy them again).
         plan = plan.drop(st.HEADER_IDS, st.CONTENT_IDS, st.END_IDS, st.SEP_IDS)
-        return _examples(records, plan, built, ctx), plan
+        return _examples(records, plan, built, res), plan

@@ -11,6 +11,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +23,20 @@ import pyarrow.compute as pc
 from etl import columns as c
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
-from etl.formats.registry import build_query, run_builder
+from etl.formats.registry import run_builder
 from etl.ingest.prefetch import prefetch
-from etl.ingest.preprocess import domains, record_keys, splits
+from etl.ingest.preprocess import Deduplicator, domains, record_keys, splits
 from etl.ingest.reader import Source, UnreadableFile, discover, read_chunks, source_root
 from etl.output.ownership import OutputWriter, check_inputs, check_target
 from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_schema
+from etl.output.part_writer import PartWriter
 from etl.pipeline import stages as st
+from etl.pipeline.accounting import Counts, Timings, tally
 from etl.pipeline.build import build_examples, records_frame
-from etl.pipeline.context import Context, build_context, manifest_for
+from etl.pipeline.resources import Resources, build_resources, manifest_for
 from etl.ui.progress import Progress
 
-__all__ = ["Context", "build_context", "build_examples", "records_frame", "run"]
+__all__ = ["Resources", "RunState", "build_examples", "build_resources", "records_frame", "run"]
 
 NO_TRAINED = "no_trained_tokens"
 DUPLICATE = "duplicate"
@@ -47,33 +50,39 @@ def _rejects_table(source: Source, table: pa.Table) -> pa.Table:
     )
 
 
-def _tally(counter: Counter[str], reasons: pa.Array | pa.ChunkedArray) -> None:
-    """Add a column of reasons to a counter (value_counts in C, not a loop over rows)."""
-    for item in pc.value_counts(reasons).to_pylist():
-        counter[item["values"]] += item["counts"]
+@dataclass
+class RunState:
+    """What changes as the chunks go through: each step below takes only the parts it updates."""
+
+    res: Resources
+    parts: PartWriter
+    counts: Counts = field(default_factory=Counts)
+    timings: Timings = field(default_factory=Timings)
+    dedup: Deduplicator = field(default_factory=Deduplicator)
+    warned: set[str] = field(default_factory=set)  # warnings printed once per run
 
 
-def _split_parsed(parsed: pa.Table, ctx: Context, source: Source) -> pa.Table:
+def _split_parsed(parsed: pa.Table, source: Source, counts: Counts, parts: PartWriter) -> pa.Table:
     """Count and write rejects, count builder drops; return the good rows."""
     reason = parsed.column(c.REASON)
     if reason.null_count == len(reason):  # the usual chunk: all good, no copy of its messages
         return parsed
     is_drop = pc.fill_null(pc.starts_with(reason, DROP_PREFIX), False)
     bad = parsed.filter(pc.and_(reason.is_valid(), pc.invert(is_drop)))
-    _tally(
-        ctx.counts.dropped,
+    tally(
+        counts.dropped,
         pc.utf8_slice_codeunits(parsed.filter(is_drop).column(c.REASON), len(DROP_PREFIX)),
     )
     if bad.num_rows:
-        _tally(ctx.counts.rejected, bad.column(c.REASON))
-        ctx.write(_rejects_table(source, bad), ctx.part_path(c.REJECTS_DIR))
+        tally(counts.rejected, bad.column(c.REASON))
+        parts.write(c.REJECTS_DIR, _rejects_table(source, bad))
     return parsed.filter(reason.is_null())
 
 
 Item = tuple[Source, pa.Table | UnreadableFile | None, int]
 
 
-def _parsed_chunks(sources: list[Source], ctx: Context) -> Iterator[Item]:
+def _parsed_chunks(sources: list[Source], res: Resources, timings: Timings) -> Iterator[Item]:
     """(source, parsed chunk, bytes of the file read through it) in file order; an
     `UnreadableFile`, then None, ends each file.
 
@@ -81,10 +90,9 @@ def _parsed_chunks(sources: list[Source], ctx: Context) -> Iterator[Item]:
     `preprocessing.max_items` to the raw records (parsing keeps one row per record). The byte
     position travels with its chunk, so the progress bar shows work done, not read ahead.
     """
-    cfg = ctx.config
-    roles = [r for r in ctx.template.header if r != "text" or cfg.input_type == "text"]
-    query = build_query(cfg.input_type, roles=roles, options=cfg.input_options, max_record_bytes=cfg.max_record_bytes)
-    con = ctx.con.cursor()
+    cfg = res.config
+    query = res.builder_query()
+    con = res.con.cursor()
     budget = cfg.max_items
     position = [0]
 
@@ -102,7 +110,7 @@ def _parsed_chunks(sources: list[Source], ctx: Context) -> Iterator[Item]:
                     budget -= raw.num_rows
                     if raw.num_rows == 0:
                         break
-                with ctx.timed("parse"):  # on the prefetch thread: overlaps tokenizing
+                with timings.timed("parse"):  # on the prefetch thread: overlaps tokenizing
                     parsed = run_builder(con, raw, query)
                 yield source, parsed, position[0]
         except UnreadableFile as exc:
@@ -110,17 +118,17 @@ def _parsed_chunks(sources: list[Source], ctx: Context) -> Iterator[Item]:
         yield source, None, position[0]
 
 
-def _warn_unwritten_weights(good: pa.Table, ctx: Context) -> None:
+def _warn_unwritten_weights(good: pa.Table, res: Resources, warned: set[str]) -> None:
     """Records carry per-message weights but no `loss_weight` column is written: say so once.
 
     (A weight of 0 still un-trains its message; other weights need input.weight_key.)
     """
-    if ctx.weights or ctx.warned_weights or "messages" not in good.column_names:
+    if res.weights or "weights" in warned or "messages" not in good.column_names:
         return
     messages = pc.list_flatten(good.column("messages"))
     fields = {f.name for f in messages.type}
     if "weight" in fields and pc.any(pc.is_valid(pc.struct_field(messages, "weight"))).as_py():
-        ctx.warned_weights = True
+        warned.add("weights")
         print(
             "etl run: warning: records carry per-message weights; set input.weight_key in a "
             "config to write them as loss_weight (a weight of 0 still leaves its message untrained)",
@@ -128,43 +136,46 @@ def _warn_unwritten_weights(good: pa.Table, ctx: Context) -> None:
         )
 
 
-def process_chunk(source: Source, parsed: pa.Table, ctx: Context) -> None:
+def process_chunk(source: Source, parsed: pa.Table, state: RunState) -> None:
     """Preprocess, plan, assemble and write one parsed chunk of one file; update the counts."""
-    cfg = ctx.config
-    ctx.counts.read += parsed.num_rows
-    ctx.read_per_file[source.name] += parsed.num_rows
-    good = _split_parsed(parsed, ctx, source)
-    _warn_unwritten_weights(good, ctx)
+    res, counts, timings = state.res, state.counts, state.timings
+    cfg = res.config
+    counts.read += parsed.num_rows
+    counts.read_per_file[source.name] += parsed.num_rows
+    good = _split_parsed(parsed, source, counts, state.parts)
+    _warn_unwritten_weights(good, res, state.warned)
     if good.num_rows == 0:
         return
     draws = np.zeros(good.num_rows)
     if cfg.deduplicate or cfg.val_fraction > 0:  # one more pass over the text: only when asked
-        with ctx.timed("dedup_split"):
+        with timings.timed("dedup_split"):
             keys, draws = record_keys(
-                ctx.con, good, source=source.name, exact=cfg.dedup_mode == "exact", split_seed=cfg.split_seed
+                res.con, good, source=source.name, exact=cfg.dedup_mode == "exact", split_seed=cfg.split_seed
             )
         if cfg.deduplicate:
-            fresh = ctx.dedup.keep(keys)
-            ctx.counts.dropped[DUPLICATE] += int((~fresh).sum())
+            fresh = state.dedup.keep(keys)
+            counts.dropped[DUPLICATE] += int((~fresh).sum())
             good, draws = good.filter(pa.array(fresh)), draws[fresh]
             if good.num_rows == 0:
                 return
     records = records_frame(
         source.name, good, domain=domains(good), split=splits(draws, cfg.val_fraction)
     )
-    examples, plan = build_examples(records, ctx)
+    examples, plan = build_examples(records, res, timings)
     dropped = examples.with_columns(
         pl.coalesce(
             pl.col(st.DROP_REASON), pl.when(pl.col(c.NUM_TRAINED) == 0).then(pl.lit(NO_TRAINED))
         ).alias("why")
     )
-    _tally(ctx.counts.dropped, dropped["why"].drop_nulls().to_arrow())
-    with ctx.timed("write"):
-        _write_examples(dropped.filter(pl.col("why").is_null()), plan, ctx)
+    tally(counts.dropped, dropped["why"].drop_nulls().to_arrow())
+    with timings.timed("write"):
+        kept = dropped.filter(pl.col("why").is_null())
+        _write_examples(kept, plan, counts, state.parts, weights=res.weights)
 
 
-def _write_examples(examples: pl.DataFrame, plan: pl.DataFrame, ctx: Context) -> None:
-    counts = ctx.counts
+def _write_examples(
+    examples: pl.DataFrame, plan: pl.DataFrame, counts: Counts, parts: PartWriter, *, weights: bool
+) -> None:
     counts.written += examples.height
     counts.truncated += int(examples[c.TRUNCATED].sum())
     counts.tokens += int(examples[c.NUM_TOKENS].sum())
@@ -174,20 +185,18 @@ def _write_examples(examples: pl.DataFrame, plan: pl.DataFrame, ctx: Context) ->
     )
     turns = turns.with_columns(pl.col(st.TURN_LEN).alias(c.NUM_TOKENS))
     for split in sorted(examples[c.SPLIT].unique().to_list()):
-        data_part = ctx.part_path(f"{c.DATA_DIR}/{split}")
-        data = conform(examples.filter(pl.col(c.SPLIT) == split).to_arrow(), data_schema(weights=ctx.weights))
-        ctx.write(data, data_part)
-        turns_part = ctx.part_path(f"{c.TURNS_DIR}/{split}")
-        ctx.write(conform(turns.filter(pl.col(c.SPLIT) == split).to_arrow(), TURNS_SCHEMA), turns_part)
+        data = conform(examples.filter(pl.col(c.SPLIT) == split).to_arrow(), data_schema(weights=weights))
+        parts.write(f"{c.DATA_DIR}/{split}", data)
+        parts.write(f"{c.TURNS_DIR}/{split}", conform(turns.filter(pl.col(c.SPLIT) == split).to_arrow(), TURNS_SCHEMA))
 
 
-def _reject_file(source: Source, exc: UnreadableFile, ctx: Context) -> None:
+def _reject_file(source: Source, exc: UnreadableFile, counts: Counts, parts: PartWriter) -> None:
     """A file (or folder) that cannot be read, or not to its end, counts as one rejected record
     (line -1) and is listed in the manifest's `incomplete_inputs` with how much of it was kept."""
-    ctx.counts.read += 1
-    ctx.counts.rejected[exc.reason] += 1
-    ctx.incomplete.append(
-        {"path": source.name, "reason": exc.reason, "records_read": ctx.read_per_file[source.name],
+    counts.read += 1
+    counts.rejected[exc.reason] += 1
+    counts.incomplete.append(
+        {"path": source.name, "reason": exc.reason, "records_read": counts.read_per_file[source.name],
          "error": str(exc)}
     )
     table = pa.table(
@@ -198,7 +207,7 @@ def _reject_file(source: Source, exc: UnreadableFile, ctx: Context) -> None:
             c.RAW: [None],
         }
     )
-    ctx.write(_rejects_table(source, table), ctx.part_path(c.REJECTS_DIR))
+    parts.write(c.REJECTS_DIR, _rejects_table(source, table))
 
 
 def _inputs(src: str, out: Path, *, storage: bool) -> tuple[list[Source], list[Path]]:
@@ -218,21 +227,22 @@ def _inputs(src: str, out: Path, *, storage: bool) -> tuple[list[Source], list[P
     return sources, []
 
 
-def _process(sources: list[Source], ctx: Context, *, progress: bool) -> None:
+def _process(sources: list[Source], state: RunState, *, progress: bool) -> None:
     """Every chunk of every input through the pipeline, with the write thread and the bar."""
     total_bytes = sum(s.path.stat().st_size for s in sources if s.kind != "dir")
-    with ctx.writer(), Progress(total_bytes=total_bytes, enabled=progress) as bar:
-        for source, item, position in prefetch(_parsed_chunks(sources, ctx)):
+    counts, parts = state.counts, state.parts
+    with parts.background(), Progress(total_bytes=total_bytes, enabled=progress) as bar:
+        for source, item, position in prefetch(_parsed_chunks(sources, state.res, state.timings)):
             if item is None:
                 bar.file_done(source.path.stat().st_size if source.kind != "dir" else 0)
             elif isinstance(item, UnreadableFile):
-                _reject_file(source, item, ctx)
+                _reject_file(source, item, counts, parts)
             else:
-                process_chunk(source, item, ctx)
+                process_chunk(source, item, state)
                 bar.file_position(position)
-                bar.update(ctx.counts.read, ctx.counts.tokens)
-        if not ctx.parts[c.REJECTS_DIR]:  # DESIGN §4 lists _rejects/part-00000: present, empty
-            ctx.write(REJECTS_SCHEMA.empty_table(), ctx.part_path(c.REJECTS_DIR))
+                bar.update(counts.read, counts.tokens)
+        if not parts.count(c.REJECTS_DIR):  # DESIGN §4 lists _rejects/part-00000: present, empty
+            parts.write(c.REJECTS_DIR, REJECTS_SCHEMA.empty_table())
 
 
 def run(
@@ -251,49 +261,23 @@ def run(
     storage = config.storage_format != "parquet"
     sources, holds_inputs = _inputs(src, out, storage=storage)
     check_target(out, keep=holds_inputs)  # before the tokenizer loads: refuse in milliseconds
-    ctx = build_context(config, out)
+    res = build_resources(config)
     started = time.perf_counter()
     with OutputWriter(out, kind="run", keep=holds_inputs) as output:
-        ctx.output = output
-        _process(sources, ctx, progress=progress)
-        counts = ctx.counts
-        assert counts.read == counts.written + sum(counts.dropped.values()) + sum(
-            counts.rejected.values()
-        )
-        manifest = manifest_for(ctx, sources, time.perf_counter() - started)
-        if storage:
-            manifest["storage"] = _export_storage(out, manifest, config, output)
+        state = RunState(res=res, parts=PartWriter(output))
+        _process(sources, state, progress=progress)
+        assert state.counts.add_up(), state.counts
+        manifest = manifest_for(res, sources, state.counts)
+        if storage:  # seed 004's bin/h5 next to the Parquet; numpy-only, imported when asked
+            from etl.output.storage import write_run_storage
+
+            manifest["storage"] = write_run_storage(
+                out, manifest, output, storage_format=config.storage_format,
+                max_tokens_per_shard=config.max_tokens_per_shard,
+            )
         output.commit(manifest)
     if timings is not None:
-        timings.update(ctx.timings)
+        timings.update(state.timings)
         timings["total"] = time.perf_counter() - started
     return {**manifest, "files": output.files()}
 
-
-def _export_storage(
-    out: Path, manifest: dict[str, Any], config: RunConfig, output: OutputWriter
-) -> dict[str, Any]:
-    """seed 004 `output.storage_format`: per-domain bin/h5 next to the Parquet, listed in the
-    run's manifest like its parts.
-
-    train goes to DST/<domain>/ as the seed lays it out; val, when there is one, to
-    DST/_val/<domain>/ (underscore-prefixed like `_rejects`, so no domain name can clash).
-    """
-    from etl.output.storage import write_storage
-
-    written = {}
-    for split, target in (("train", out), ("val", out / c.VAL_STORAGE_DIR)):
-        prefix = f"{c.DATA_DIR}/{split}/"
-        parts = [out / f["path"] for f in output.files() if f["path"].startswith(prefix)]
-        if parts:
-            written[split] = write_storage(
-                parts,
-                target,
-                output=output,
-                storage_format=config.storage_format,
-                split=split,
-                max_tokens_per_shard=config.max_tokens_per_shard,
-                source=manifest,
-                dst=out,
-            )
-    return {"format": config.storage_format, "domains": written}

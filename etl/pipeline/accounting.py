@@ -1,0 +1,66 @@
+"""What a run counts as it goes: records read, written, dropped and rejected (which must add
+up), tokens, the inputs it could not read to their end, and wall seconds per stage."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def tally(counter: Counter[str], reasons: pa.Array | pa.ChunkedArray) -> None:
+    """Add a column of reasons to a counter (value_counts in C, not a loop over rows)."""
+    for item in pc.value_counts(reasons).to_pylist():
+        counter[item["values"]] += item["counts"]
+
+
+@dataclass
+class Counts:
+    """Accounting of one run: read == written + sum(dropped) + sum(rejected)."""
+
+    read: int = 0
+    written: int = 0
+    truncated: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
+    # Records read per input file, for the warning that says how much of a damaged file was kept.
+    read_per_file: Counter[str] = field(default_factory=Counter)
+    # Inputs not read to their end (the manifest's `incomplete_inputs`).
+    incomplete: list[dict[str, Any]] = field(default_factory=list)
+
+    def add_up(self) -> bool:
+        """Every record read is written, dropped with a reason or rejected with a reason."""
+        return self.read == self.written + sum(self.dropped.values()) + sum(self.rejected.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "read": self.read,
+            "written": self.written,
+            "truncated": self.truncated,
+            "dropped": {k: v for k, v in sorted(self.dropped.items()) if v},
+            "rejected": {k: v for k, v in sorted(self.rejected.items()) if v},
+            "tokens": self.tokens,
+            "trained_tokens": self.trained_tokens,
+        }
+
+
+class Timings(Counter[str]):
+    """Wall seconds per stage (shown by `etl run --timings`, kept out of the manifest, which
+    must be byte-identical across runs). The parse stage adds from the prefetch thread."""
+
+    @contextlib.contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        """Add the wall time of the block to `self[stage]`."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self[stage] += time.perf_counter() - started

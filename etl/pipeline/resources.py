@@ -1,0 +1,130 @@
+"""What one `etl run` resolves once, before the first chunk, and every chunk only reads:
+config, tokenizer, template ids, BOS/EOS and default-system ids, a DuckDB connection."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from etl import __version__
+from etl import columns as c
+from etl.config.run_config import MaskOptions, RunConfig
+from etl.errors import EtlError
+from etl.formats.registry import BUILDERS, BuilderQuery, build_query
+from etl.ingest.reader import Source
+from etl.pipeline.accounting import Counts
+from etl.tokens.templates import TemplateIds, resolve_template
+from etl.tokens.tokenizer import TextTokenizer, encode_template_text
+
+
+@dataclass(frozen=True)
+class Resources:
+    """The run's resolved, read-only inputs. The DuckDB connection is shared: a thread that
+    queries in parallel takes its own `con.cursor()`."""
+
+    config: RunConfig
+    tokenizer: TextTokenizer
+    template: TemplateIds
+    system_ids: list[int] | None
+    con: duckdb.DuckDBPyConnection
+    bos: list[int]
+    eos: list[int]
+
+    @property
+    def mask(self) -> MaskOptions:
+        """Mask options with the template's default for training the assistant header."""
+        if self.config.mask.train_header is not None:
+            return self.config.mask
+        return dataclasses.replace(
+            self.config.mask, train_header=self.template.template.train_header
+        )
+
+    @property
+    def weights(self) -> bool:
+        """Per-message weights are written (`loss_weight`) when the input names a weight key."""
+        return bool(self.config.input_options.get("weight_key"))
+
+    def builder_query(self) -> BuilderQuery:
+        """The parse query of the run's input type over the template's roles (`text` is a role
+        only for text input, which has no chat turns)."""
+        cfg = self.config
+        roles = [r for r in self.template.header if r != "text" or cfg.input_type == "text"]
+        return build_query(
+            cfg.input_type, roles=roles, options=cfg.input_options, max_record_bytes=cfg.max_record_bytes
+        )
+
+
+def _extra_special(tokenizer: TextTokenizer, key: str, template_value: str) -> str:
+    """The BOS/EOS string for `add_bos`/`add_eos`: the template's, else tokenizer_config's."""
+    if template_value:
+        return template_value
+    value = getattr(tokenizer, "config", {}).get(f"{key}_token")
+    value = value.get("content") if isinstance(value, dict) else value
+    if not value:
+        raise EtlError(
+            f"preprocessing.add_{key} is set but neither the template nor the tokenizer's "
+            f"tokenizer_config.json names a {key.upper()} token; unset add_{key} or use a tokenizer that has one"
+        )
+    return value
+
+
+def build_resources(config: RunConfig) -> Resources:
+    """Resolve tokenizer, template, BOS/EOS and the default system ids once per run."""
+    if config.input_type not in BUILDERS:
+        raise EtlError(
+            f"input type {config.input_type!r} is not one of {', '.join(sorted(BUILDERS))}"
+        )
+    from etl.tokens.hf_template import load_template_and_tokenizer
+
+    template, tokenizer = load_template_and_tokenizer(config.template, tokenizer_spec=config.tokenizer)
+    ids = resolve_template(template, tokenizer)
+    bos, eos = list(ids.bos), list(ids.eos)
+    if config.add_bos and not bos:
+        token = _extra_special(tokenizer, "bos", template.bos)
+        bos = encode_template_text(tokenizer, token, [token])
+    if config.add_eos and not eos:
+        token = _extra_special(tokenizer, "eos", template.eos)
+        eos = encode_template_text(tokenizer, token, [token])
+    system_ids = None
+    if config.default_system is not None and config.input_type != "text":
+        system_ids = tokenizer.encode_texts(pa.array([config.default_system]))[0].as_py()
+    return Resources(
+        config=config,
+        tokenizer=tokenizer,
+        template=ids,
+        system_ids=system_ids,
+        con=duckdb.connect(),
+        bos=bos,
+        eos=eos,
+    )
+
+
+def manifest_for(res: Resources, sources: list[Source], counts: Counts) -> dict[str, Any]:
+    """The run's manifest, less `files` (the output writer adds them when it commits)."""
+    tok = res.tokenizer
+    return {
+        "format_version": c.MANIFEST_FORMAT_VERSION,
+        "etl_version": __version__,
+        "config": res.config.to_json(),
+        "inputs": [s.name for s in sources],
+        "seq_len": res.config.seq_len,
+        "tokenizer": {
+            "name": tok.name,
+            "path": tok.path,
+            "sha256": tok.sha256,
+            "vocab_size": tok.vocab_size,
+        },
+        "template": res.template.to_json(),
+        "special_ids": res.template.special_ids,
+        "pad_id": res.template.eot_id,
+        "eot_id": res.template.eot_id,
+        "bos_ids": res.bos,
+        "eos_ids": res.eos,
+        "default_system_ids": res.system_ids,
+        "counts": counts.to_json(),
+        "incomplete_inputs": counts.incomplete,
+    }
