@@ -27,7 +27,7 @@ _EXPORTS = {
     "Ragged": "etl.ragged",  # lives at the top: output/ uses it too
     "TorchCollate": "device",
     "EpisodeDataLoader": "episode_loader",
-    "TrainingConfig": "config",
+    "TrainingConfig": "training_xml",
     "export_episodes": "episodes",
 }
 

@@ -13,7 +13,7 @@ import torch
 
 from etl.cli import main
 from etl.errors import EtlError
-from etl.loader.config import TrainingConfig
+from etl.loader.training_xml import TrainingConfig
 from etl.loader.episode_loader import EpisodeDataLoader
 
 from .conftest import random_examples, write_dst
