@@ -28,7 +28,6 @@ from etl.ingest.preprocess import domains, record_keys, splits
 from etl.ingest.reader import Source, UnreadableFile, discover, read_chunks, source_root
 from etl.output.ownership import OutputWriter, check_inputs, check_target
 from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_schema
-from etl.pipeline import stages as st
 from etl.pipeline.build import build_examples, records_frame
 from etl.pipeline.context import Context, build_context, manifest_for
 from etl.ui.progress import Progress
@@ -155,7 +154,7 @@ def process_chunk(source: Source, parsed: pa.Table, ctx: Context) -> None:
     examples, plan = build_examples(records, ctx)
     dropped = examples.with_columns(
         pl.coalesce(
-            pl.col(st.DROP_REASON), pl.when(pl.col(c.NUM_TRAINED) == 0).then(pl.lit(NO_TRAINED))
+            pl.col(c.DROP_REASON), pl.when(pl.col(c.NUM_TRAINED) == 0).then(pl.lit(NO_TRAINED))
         ).alias("why")
     )
     _tally(ctx.counts.dropped, dropped["why"].drop_nulls().to_arrow())
@@ -170,9 +169,9 @@ def _write_examples(examples: pl.DataFrame, plan: pl.DataFrame, ctx: Context) ->
     counts.tokens += int(examples[c.NUM_TOKENS].sum())
     counts.trained_tokens += int(examples[c.NUM_TRAINED].sum())
     turns = plan.join(
-        examples.select(st.CONV, c.ID, c.SPLIT), on=st.CONV, how="inner", maintain_order="left"
+        examples.select(c.CONV, c.ID, c.SPLIT), on=c.CONV, how="inner", maintain_order="left"
     )
-    turns = turns.with_columns(pl.col(st.TURN_LEN).alias(c.NUM_TOKENS))
+    turns = turns.with_columns(pl.col(c.TURN_LEN).alias(c.NUM_TOKENS))
     for split in sorted(examples[c.SPLIT].unique().to_list()):
         data_part = ctx.part_path(f"{c.DATA_DIR}/{split}")
         data = conform(examples.filter(pl.col(c.SPLIT) == split).to_arrow(), data_schema(weights=ctx.weights))
