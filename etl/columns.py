@@ -49,6 +49,24 @@ TRAINED = "trained"
 KEPT = "kept"
 INJECTED = "injected"  # extension: the turn is the default system message etl inserted
 
+# Per-turn plan columns (etl.pipeline: stages -> truncation -> assemble); internal, only a
+# few reach `turns` under the contract names above.
+CONV = "conv"  # the conversation's row number in its chunk
+CONTENT = "content"
+MSG_TRAIN, MSG_WEIGHT = "train", "weight"  # per-message overrides from the record
+DROP_REASON = "drop_reason"  # a conversation-level reason not to write the example
+CONTENT_IDS = "content_ids"
+HEADER_IDS, END_IDS, SEP_IDS = "header_ids", "end_ids", "sep_ids"
+HEADER_LEN, CONTENT_LEN, END_LEN, SEP_LEN = "header_len", "content_len", "end_len", "sep_len"
+TURN_LEN = "turn_len"
+TRAIN_HEADER, TRAIN_CONTENT, TRAIN_END = "train_header", "train_content", "train_end"
+UNIT = "unit"  # truncation unit: -1 for the leading system turn, then one per user turn
+KEEP_WHOLE = "keep_whole"  # the turn survives whole-turn dropping
+POS = "pos"  # start of the turn in the conversation before the hard cut
+CUT = "cut"  # start of the kept window in the conversation
+WINDOW = "window"  # length of the kept window (<= seq_len)
+TOTAL = "total"  # conversation length after whole-turn dropping, before the hard cut
+
 # `_rejects` columns.
 REASON = "reason"
 DETAIL = "detail"

@@ -26,7 +26,6 @@ from etl.errors import EtlError
 from etl.formats.base import record_keys
 from etl.formats.registry import run_builder
 from etl.ingest.reader import UnreadableFile, discover, read_chunks
-from etl.pipeline import stages as st
 from etl.pipeline.build import build_examples, records_frame
 from etl.pipeline.resources import Resources, build_resources
 from etl.tokens.chat_jinja import chat_template_source, render, special_tokens_map, token_string
@@ -181,9 +180,9 @@ def _good_rows(raw: pa.Table, ctx: Resources, report: CheckReport, *, room: int 
 
 def _conversations(records: pl.DataFrame, plan: pl.DataFrame, default_system: str | None) -> list[list[Message]]:
     """The messages the pipeline serialized, injected default system message included."""
-    injected = set(plan.filter(pl.col(c.INJECTED))[st.CONV].to_list())
+    injected = set(plan.filter(pl.col(c.INJECTED))[c.CONV].to_list())
     convs = []
-    for conv, messages in zip(records[st.CONV].to_list(), records["messages"].to_list(), strict=True):
+    for conv, messages in zip(records[c.CONV].to_list(), records["messages"].to_list(), strict=True):
         msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
         if conv in injected:
             msgs.insert(0, {"role": "system", "content": default_system or ""})
@@ -195,9 +194,9 @@ def compare_chunk(records: pl.DataFrame, ctx: Resources, ref: Reference, report:
     """Run the pipeline on one chunk of records and compare every example with the reference."""
     examples, plan = build_examples(records, ctx)
     convs = _conversations(records, plan, ctx.config.default_system)
-    ours_by_conv = dict(zip(examples[st.CONV].to_list(), examples[c.INPUT_IDS].to_list(), strict=True))
+    ours_by_conv = dict(zip(examples[c.CONV].to_list(), examples[c.INPUT_IDS].to_list(), strict=True))
     theirs = ref.encode(convs)
-    rows = zip(records[st.CONV].to_list(), records[c.ID].to_list(), convs, theirs, strict=True)
+    rows = zip(records[c.CONV].to_list(), records[c.ID].to_list(), convs, theirs, strict=True)
     for conv, example_id, msgs, ref_ids in rows:
         ours = ours_by_conv.get(conv, [])
         report.examples += 1

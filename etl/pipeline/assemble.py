@@ -15,8 +15,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from etl.columns import INJECTED
-from etl.pipeline import stages as st
+from etl import columns as c
 
 PIECES = 6
 
@@ -142,7 +141,7 @@ def _pieces(
     const = np.asarray(bos_ids + eos_ids + system, dtype=np.int32)
     sources, starts, lengths = [const], [np.zeros(n, np.int64)], [first * len(bos_ids)]
     piece_source = np.zeros((n, PIECES), dtype=np.int64)  # BOS and EOS come from `const`
-    for k, column in enumerate((st.HEADER_IDS, st.CONTENT_IDS, st.END_IDS, st.SEP_IDS), start=1):
+    for k, column in enumerate((c.HEADER_IDS, c.CONTENT_IDS, c.END_IDS, c.SEP_IDS), start=1):
         flats, chunk, start, length = _list_parts(turns[column])
         piece_source[:, k] = len(sources) + chunk[rows]
         sources += flats
@@ -150,7 +149,7 @@ def _pieces(
         lengths.append(length[rows])
     starts.append(np.full(n, len(bos_ids)))
     lengths.append(last * len(eos_ids))
-    injected = turns[INJECTED].to_numpy()[rows]
+    injected = turns[c.INJECTED].to_numpy()[rows]
     if injected.any():  # the default system text: from `const`, after BOS and EOS
         piece_source[injected, 2] = 0
         starts[2] = np.where(injected, len(bos_ids) + len(eos_ids), starts[2])
@@ -175,9 +174,9 @@ def assemble(
         system_ids: the content ids of injected system turns (their rows hold none).
         weights: also build per-token loss weights from the messages' `weight` (default 1).
     """
-    rows = np.flatnonzero(turns["keep_whole"].to_numpy())  # per-turn arrays only: ids stay in place
+    rows = np.flatnonzero(turns[c.KEEP_WHOLE].to_numpy())  # per-turn arrays only: ids stay in place
     n = len(rows)
-    conv = turns[st.CONV].to_numpy()[rows]
+    conv = turns[c.CONV].to_numpy()[rows]
     sources, piece_source, starts, lengths = _pieces(
         turns, rows, conv, bos_ids=bos_ids, eos_ids=eos_ids, system=list(system_ids or [])
     )
@@ -187,9 +186,9 @@ def assemble(
     flags = np.stack(
         [
             np.zeros(n, bool),
-            turns[st.TRAIN_HEADER].to_numpy()[rows],
-            turns[st.TRAIN_CONTENT].to_numpy()[rows],
-            turns[st.TRAIN_END].to_numpy()[rows],
+            turns[c.TRAIN_HEADER].to_numpy()[rows],
+            turns[c.TRAIN_CONTENT].to_numpy()[rows],
+            turns[c.TRAIN_END].to_numpy()[rows],
             np.zeros(n, bool),
             np.zeros(n, bool),
         ],
@@ -197,9 +196,9 @@ def assemble(
     )
     # Conversation coordinates of each piece: the turn starts at POS (after its BOS, if any).
     bos_len = lengths[0]
-    piece_pos = (turns[st.POS].to_numpy()[rows] - bos_len)[:, None] + np.cumsum(piece_len, axis=1) - piece_len
-    win_lo = turns[st.CUT].to_numpy()[rows][:, None]
-    win_hi = win_lo + turns[st.WINDOW].to_numpy()[rows][:, None]
+    piece_pos = (turns[c.POS].to_numpy()[rows] - bos_len)[:, None] + np.cumsum(piece_len, axis=1) - piece_len
+    win_lo = turns[c.CUT].to_numpy()[rows][:, None]
+    win_hi = win_lo + turns[c.WINDOW].to_numpy()[rows][:, None]
     lo = np.maximum(piece_pos, win_lo)
     hi = np.minimum(piece_pos + piece_len, win_hi)
     clipped = np.maximum(hi - lo, 0).ravel()
@@ -210,7 +209,7 @@ def assemble(
 
     weight = None
     if weights:
-        turn_weight = turns[st.MSG_WEIGHT].fill_null(1.0).to_numpy()[rows].astype(np.float32)
+        turn_weight = turns[c.MSG_WEIGHT].fill_null(1.0).to_numpy()[rows].astype(np.float32)
         weight = np.repeat(np.repeat(turn_weight, PIECES), clipped) * mask
     per_turn = clipped.reshape(n, PIECES).sum(axis=1)
     conv_ids, conv_first = np.unique(conv, return_index=True)

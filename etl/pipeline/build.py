@@ -24,7 +24,7 @@ def records_frame(
     n = good.num_rows
     return (
         pl.from_arrow(good.select([c.SOURCE_LINE, "messages"]))
-        .with_row_index(st.CONV)
+        .with_row_index(c.CONV)
         .with_columns(
             pl.lit(source_name).alias(c.SOURCE_FILE),
             pl.concat_str([pl.lit(source_name + ":"), pl.col(c.SOURCE_LINE).cast(pl.String)]).alias(
@@ -41,13 +41,13 @@ def records_frame(
 def _conversation_summary(plan: pl.DataFrame, seq_len: int, bos_eos: int) -> pl.DataFrame:
     # Only the columns it reads: a group_by rechunks its frame, list columns of ids included.
     return (
-        plan.select(st.CONV, c.KEPT, st.TURN_LEN, st.DROP_REASON)
-        .group_by(st.CONV, maintain_order=True)
+        plan.select(c.CONV, c.KEPT, c.TURN_LEN, c.DROP_REASON)
+        .group_by(c.CONV, maintain_order=True)
         .agg(
             pl.len().cast(pl.Int32).alias(c.NUM_TURNS),
             (~pl.col(c.KEPT)).sum().cast(pl.Int32).alias(c.NUM_TURNS_DROPPED),
-            ((pl.col(st.TURN_LEN).sum() + bos_eos) > seq_len).alias(c.TRUNCATED),
-            pl.col(st.DROP_REASON).first(),
+            ((pl.col(c.TURN_LEN).sum() + bos_eos) > seq_len).alias(c.TRUNCATED),
+            pl.col(c.DROP_REASON).first(),
         )
     )
 
@@ -59,7 +59,7 @@ def _examples(
     bos_eos = len(res.bos) + len(res.eos)
     input_ids, loss_mask = built.list_arrays()
     columns = {
-        st.CONV: pa.array(built.conv),
+        c.CONV: pa.array(built.conv),
         c.INPUT_IDS: input_ids,
         c.LOSS_MASK: loss_mask,
         c.NUM_TOKENS: pa.array(np.diff(built.offsets).astype(np.int32)),
@@ -69,14 +69,14 @@ def _examples(
         columns[c.LOSS_WEIGHT] = built.weight_array()
     tokens = pl.from_arrow(pa.table(columns))
     return (
-        records.select(st.CONV, c.ID, c.SOURCE_FILE, c.SOURCE_LINE, c.DOMAIN, c.SPLIT)
+        records.select(c.CONV, c.ID, c.SOURCE_FILE, c.SOURCE_LINE, c.DOMAIN, c.SPLIT)
         # left join: a conversation whose every turn was dropped (keep_prefix) has no tokens
         # but must still be counted with its drop reason
-        .join(tokens, on=st.CONV, how="left", maintain_order="left")
+        .join(tokens, on=c.CONV, how="left", maintain_order="left")
         .with_columns(pl.col(c.NUM_TOKENS, c.NUM_TRAINED).fill_null(0))
         .join(
             _conversation_summary(plan, seq_len, bos_eos),
-            on=st.CONV,
+            on=c.CONV,
             how="left",
             maintain_order="left",
         )
@@ -115,5 +115,5 @@ def build_examples(
         built = assemble(plan, bos_ids=res.bos, eos_ids=res.eos, system_ids=res.system_ids, weights=res.weights)
         # The per-turn ids are in `built` now; without them the plan is a few numbers per turn
         # (the caller joins and writes it as `turns`, which would copy them again).
-        plan = plan.drop(st.HEADER_IDS, st.CONTENT_IDS, st.END_IDS, st.SEP_IDS)
+        plan = plan.drop(c.HEADER_IDS, c.CONTENT_IDS, c.END_IDS, c.SEP_IDS)
         return _examples(records, plan, built, res), plan

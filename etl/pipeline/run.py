@@ -30,7 +30,6 @@ from etl.ingest.reader import Source, UnreadableFile, discover, read_chunks, sou
 from etl.output.ownership import OutputWriter, check_inputs, check_target
 from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_schema
 from etl.output.part_writer import PartWriter
-from etl.pipeline import stages as st
 from etl.pipeline.accounting import Counts, Timings, tally
 from etl.pipeline.build import build_examples, records_frame
 from etl.pipeline.resources import Resources, build_resources, manifest_for
@@ -164,7 +163,7 @@ def process_chunk(source: Source, parsed: pa.Table, state: RunState) -> None:
     examples, plan = build_examples(records, res, timings)
     dropped = examples.with_columns(
         pl.coalesce(
-            pl.col(st.DROP_REASON), pl.when(pl.col(c.NUM_TRAINED) == 0).then(pl.lit(NO_TRAINED))
+            pl.col(c.DROP_REASON), pl.when(pl.col(c.NUM_TRAINED) == 0).then(pl.lit(NO_TRAINED))
         ).alias("why")
     )
     tally(counts.dropped, dropped["why"].drop_nulls().to_arrow())
@@ -181,9 +180,9 @@ def _write_examples(
     counts.tokens += int(examples[c.NUM_TOKENS].sum())
     counts.trained_tokens += int(examples[c.NUM_TRAINED].sum())
     turns = plan.join(
-        examples.select(st.CONV, c.ID, c.SPLIT), on=st.CONV, how="inner", maintain_order="left"
+        examples.select(c.CONV, c.ID, c.SPLIT), on=c.CONV, how="inner", maintain_order="left"
     )
-    turns = turns.with_columns(pl.col(st.TURN_LEN).alias(c.NUM_TOKENS))
+    turns = turns.with_columns(pl.col(c.TURN_LEN).alias(c.NUM_TOKENS))
     for split in sorted(examples[c.SPLIT].unique().to_list()):
         data = conform(examples.filter(pl.col(c.SPLIT) == split).to_arrow(), data_schema(weights=weights))
         parts.write(f"{c.DATA_DIR}/{split}", data)

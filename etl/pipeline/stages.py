@@ -3,7 +3,8 @@
 Turn rows carry `conv` (the conversation's row number in its chunk) and `turn_index`; every
 per-conversation quantity is a window expression `.over(CONV)`. The output of `plan_turns`
 is one row per turn with its piece lengths, training flags, whole-turn keep decision and the
-hard-cut window, which `etl.pipeline.assemble` turns into token lists with numpy.
+hard-cut window (`etl.pipeline.truncation`), which `etl.pipeline.assemble` turns into token
+lists with numpy. Column names live in `etl.columns`.
 """
 
 from __future__ import annotations
@@ -13,23 +14,38 @@ from collections.abc import Callable
 import polars as pl
 import pyarrow as pa
 
-from etl.columns import END, INJECTED, KEPT, ROLE, START, TRAINED, TURN_INDEX
+from etl.columns import (
+    CONTENT,
+    CONTENT_IDS,
+    CONTENT_LEN,
+    CONV,
+    CUT,
+    END,
+    END_IDS,
+    END_LEN,
+    HEADER_IDS,
+    HEADER_LEN,
+    INJECTED,
+    KEEP_WHOLE,
+    KEPT,
+    MSG_TRAIN,
+    MSG_WEIGHT,
+    POS,
+    ROLE,
+    SEP_IDS,
+    SEP_LEN,
+    START,
+    TRAIN_CONTENT,
+    TRAIN_END,
+    TRAIN_HEADER,
+    TRAINED,
+    TURN_INDEX,
+    TURN_LEN,
+    UNIT,
+    WINDOW,
+)
 from etl.config.run_config import MaskOptions
-
-CONV = "conv"
-CONTENT = "content"
-MSG_TRAIN, MSG_WEIGHT = "train", "weight"  # per-message overrides from the record
-DROP_REASON = "drop_reason"  # a conversation-level reason not to write the example
-CONTENT_IDS = "content_ids"
-HEADER_IDS, END_IDS, SEP_IDS = "header_ids", "end_ids", "sep_ids"
-HEADER_LEN, CONTENT_LEN, END_LEN, SEP_LEN = "header_len", "content_len", "end_len", "sep_len"
-TURN_LEN = "turn_len"
-TRAIN_HEADER, TRAIN_CONTENT, TRAIN_END = "train_header", "train_content", "train_end"
-UNIT = "unit"
-POS = "pos"  # start of the turn in the conversation before the hard cut
-CUT = "cut"  # start of the kept window in the conversation
-WINDOW = "window"  # length of the kept window (<= seq_len)
-TOTAL = "total"  # conversation length after whole-turn dropping, before the hard cut
+from etl.pipeline.truncation import plan_truncation
 
 Encoder = Callable[[pa.Array], pa.LargeListArray]
 
@@ -173,117 +189,13 @@ def require_complete_user(turns: pl.LazyFrame) -> pl.LazyFrame:
     Runs after truncation: a user turn cut by the hard cut (it starts before the window) is
     incomplete, and so is a unit with no user turn at all.
     """
-    complete_user = (pl.col(ROLE) == "user") & pl.col("keep_whole") & (pl.col(POS) >= pl.col(CUT))
+    complete_user = (pl.col(ROLE) == "user") & pl.col(KEEP_WHOLE) & (pl.col(POS) >= pl.col(CUT))
     ok = complete_user.any().over([CONV, UNIT])
     gate = (pl.col(ROLE) != "assistant") | ok
     return turns.with_columns(
         (pl.col(TRAIN_HEADER) & gate).alias(TRAIN_HEADER),
         (pl.col(TRAIN_CONTENT) & gate).alias(TRAIN_CONTENT),
         (pl.col(TRAIN_END) & gate).alias(TRAIN_END),
-    )
-
-
-def plan_truncation(
-    turns: pl.LazyFrame,
-    *,
-    seq_len: int,
-    bos_len: int,
-    eos_len: int,
-    policy: str = "drop_oldest_turns",
-) -> pl.LazyFrame:
-    """Decide which whole turns stay (`keep_whole`) and the kept window (`CUT`, `WINDOW`).
-
-    Policies (DESIGN §5):
-    - `drop_oldest_turns` (seed 000): drop whole oldest units after the system turn until it
-      fits, never the unit of the final assistant turn; then a hard cut that keeps the final
-      end-of-turn. Units start at each user turn. Because unit lengths are positive, dropping
-      the fewest oldest units is keeping every unit whose tail sum (itself and all later
-      turns) fits next to the head: one reverse cumulative sum, no loop.
-    - `keep_prefix` (seed 001's length filter): keep the longest prefix of whole units that
-      fits; when the first unit does not fit with the system turn, drop the conversation.
-    - `right` (seed 004): keep the first seq_len tokens.
-    - `drop`: drop conversations longer than seq_len.
-    """
-    is_head = (pl.col(TURN_INDEX) == 0) & (pl.col(ROLE) == "system")
-    last_assistant = pl.when(pl.col(ROLE) == "assistant").then(pl.col(TURN_INDEX)).max().over(CONV)
-    unit = pl.when(is_head).then(-1).otherwise((pl.col(ROLE) == "user").cum_sum().over(CONV))
-    protected = pl.coalesce(
-        pl.when(pl.col(TURN_INDEX) == last_assistant).then(pl.col(UNIT)).max().over(CONV),
-        pl.col(UNIT).max().over(CONV),
-    )
-    fixed = bos_len + eos_len
-    head_len = fixed + pl.when(is_head).then(pl.col(TURN_LEN)).otherwise(0).sum().over(CONV)
-    # Window expressions must not nest (an inner .over would run inside the outer groups),
-    # so running sums are materialized as columns first.
-    full = fixed + pl.col(TURN_LEN).sum().over(CONV)
-    keep_whole = {
-        "drop_oldest_turns": is_head
-        | (pl.col(UNIT) >= protected)
-        | (head_len + pl.col("tail").max().over([CONV, UNIT]) - pl.col("after_final") <= seq_len),
-        "keep_prefix": is_head | (fixed + pl.col("upto").max().over([CONV, UNIT]) <= seq_len),
-        "right": pl.lit(True),
-        "drop": pl.lit(True),
-    }[policy]
-    first_unit = pl.when(~is_head).then(pl.col(UNIT)).min().over(CONV)
-    drop_reason = {
-        "keep_prefix": pl.when(
-            ~(pl.col("keep_whole") & (pl.col(UNIT) == first_unit)).any().over(CONV)
-        ).then(pl.lit("first_pair_too_long")),
-        "drop": pl.when(full > seq_len).then(pl.lit("too_long")),
-    }.get(policy, pl.lit(None, dtype=pl.String))
-    keep_len = pl.when(pl.col("keep_whole")).then(pl.col(TURN_LEN)).otherwise(0)
-    final_eot = (
-        pl.when(pl.col(TURN_INDEX) == last_assistant)
-        .then(pl.col(POS) + pl.col(HEADER_LEN) + pl.col(CONTENT_LEN) + pl.col(END_LEN) - 1)
-        .max()
-        .over(CONV)
-    )
-    # A hard cut keeps the seq_len tokens that end with the final assistant end-of-turn:
-    # turns after it carry no loss, and ending there keeps that end-of-turn a target.
-    stop = (
-        pl.when(pl.lit(policy == "right"))
-        .then(pl.min_horizontal(pl.col(TOTAL), seq_len))
-        .when((pl.col(TOTAL) <= seq_len) | final_eot.is_null())
-        .then(pl.col(TOTAL))
-        .otherwise(final_eot + 1)
-    )
-    return (
-        turns.with_columns(
-            unit.cast(pl.Int32).alias(UNIT),
-            pl.col(TURN_LEN).cum_sum(reverse=True).over(CONV).alias("tail"),
-            pl.col(TURN_LEN).cum_sum().over(CONV).alias("upto"),
-            last_assistant.alias("last_asst"),
-        )
-        # What the fit test leaves out: everything after the final assistant end-of-turn (its
-        # separator, later turns, EOS). Those carry no loss and the hard cut drops them when
-        # they do not fit, so counting them would drop older trained pairs for nothing.
-        .with_columns(
-            pl.when(pl.col("last_asst").is_null())
-            .then(0)
-            .otherwise(
-                pl.when(pl.col(TURN_INDEX) > pl.col("last_asst"))
-                .then(pl.col(TURN_LEN))
-                .otherwise(0)
-                .sum()
-                .over(CONV)
-                + pl.when(pl.col(TURN_INDEX) == pl.col("last_asst"))
-                .then(pl.col(SEP_LEN))
-                .otherwise(0)
-                .sum()
-                .over(CONV)
-                + eos_len
-            )
-            .alias("after_final")
-        )
-        .with_columns(keep_whole.alias("keep_whole"))
-        .with_columns(
-            (bos_len + keep_len.cum_sum().over(CONV) - keep_len).alias(POS),
-            (fixed + keep_len.sum().over(CONV)).alias(TOTAL),
-            drop_reason.alias(DROP_REASON),
-        )
-        .with_columns(stop.alias("stop"))
-        .with_columns(pl.max_horizontal(pl.col("stop") - seq_len, 0).alias(CUT))
-        .with_columns((pl.col("stop") - pl.col(CUT)).alias(WINDOW))
     )
 
 
@@ -303,7 +215,7 @@ def place_turns(turns: pl.LazyFrame) -> pl.LazyFrame:
     )
     start = (pl.col(POS) - pl.col(CUT)).clip(0, pl.col(WINDOW))
     end = (pl.col(POS) + pl.col(TURN_LEN) - pl.col(CUT)).clip(0, pl.col(WINDOW))
-    kept = pl.col("keep_whole") & (end > start)
+    kept = pl.col(KEEP_WHOLE) & (end > start)
     return turns.with_columns(
         kept.alias(KEPT),
         pl.when(kept).then(start).otherwise(-1).cast(pl.Int32).alias(START),
