@@ -12,7 +12,7 @@ import torch
 
 from etl.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_train_tiny_learns_the_sample(tmp_path: Path) -> None:
