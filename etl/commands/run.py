@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="input file, directory or glob")
     p.add_argument("dst", help="output directory: new, empty, or an earlier etl output (only the files "
                    "its manifest lists are replaced)")
-    p.add_argument("--config", help="JSON or TOML config file (seed-004 schema); flags override it")
+    p.add_argument("--config", help="JSON or TOML config file (seed-004 schema; keys: `etl config`); "
+                   "flags override it")
     add_flags(p, ("tokenizer", "template", "seq_len", "input_type", "truncation"))
     p.add_argument("--no-default-system", action="store_true",
                    help="do not insert a system message when missing (default_system: null in a config)")
