@@ -9,6 +9,16 @@ IGNORE_INDEX = -100
 DEFAULT_SYSTEM_TEXT = "you are a helpful assistant."
 DEFAULT_SEQ_LEN = 2048
 
+# `preprocessing.max_record_bytes`: a record whose JSON text is longer is rejected
+# (`record_too_large`) before it is parsed or tokenized. 16 MiB, the default chunk: long-context
+# SFT at S = 32k-128k tokens is 0.1-0.5 MiB of text at ~4 bytes per token (~1 MiB as JSON with
+# escapes), so a longer record is mostly cut away at S anyway, and one record cannot double a
+# chunk. Below the limit a record adds ~6x its size to the peak RSS with Qwen2.5, ~8x with the
+# byte tokenizer (4 bytes of ids per byte of text); bench/big_record.py.
+DEFAULT_MAX_RECORD_BYTES = 16 << 20
+DEFAULT_MIN_CHARS = 50  # seed 004 preprocessing defaults of text input
+DEFAULT_MAX_CHARS = 2_000_000
+
 # Layout of DST/.
 MANIFEST_FILE = "_manifest.json"
 # 2: the manifest's `files` lists every file written with rows, bytes and sha256 (1: data/turns

@@ -27,15 +27,15 @@ examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Arguments of `etl check-template`."""
+    """Arguments of `etl check-template`; --template and --input-type as `etl run` declares them."""
+    from etl.config.flags import add_flags
+
     p.add_argument("src", metavar="SRC", help="input file, directory or glob")
     p.add_argument("--tokenizer", required=True, help="Hugging Face tokenizer directory with a chat_template")
-    p.add_argument("--template", default="hf",
-                   help="hf (default: derived from the chat_template) or a preset name")
+    add_flags(p, ("template",), template="hf")
     p.add_argument("--limit", type=int, metavar="N", help="check at most N records")
     p.add_argument("--config", help="JSON or TOML run config (input type, default system, ...)")
-    p.add_argument("--input-type", help="chat (default), sharegpt, instruction, prompt_completion, text, "
-                   "transcript; options of a type go in --config")
+    add_flags(p, ("input_type",))
     p.add_argument("--no-default-system", action="store_true",
                    help="do not insert etl's default system message (the template may insert its own)")
     p.add_argument("--format", choices=["text", "json"], default="text", help="output format (default text)")

@@ -7,8 +7,6 @@ import sys
 from collections import Counter
 from typing import Any
 
-from etl.columns import DEFAULT_SEQ_LEN
-
 NAME = "run"
 HELP = "tokenize, mask and truncate raw conversations into Parquet"
 DESCRIPTION = """Read SRC (a .jsonl/.json/.parquet file, optionally .gz/.zst, a directory or a glob),
@@ -24,24 +22,19 @@ examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    # The settings' flags (type, choices, help, default) come from their declarations.
+    from etl.config.flags import add_flags
+
     p.add_argument("src", help="input file, directory or glob")
     p.add_argument("dst", help="output directory: new, empty, or an earlier etl output (only the files "
                    "its manifest lists are replaced)")
-    p.add_argument("--config", help="JSON or TOML config file (seed-004 schema); flags override it")
-    p.add_argument("--tokenizer", help="`bytes` (built-in, default), a tokenizer.json, or a HF model directory")
-    p.add_argument("--template", help="ngpt (default), post_training, chatml, llama3, phi3, or hf "
-                   "(derived from the tokenizer's chat_template)")
-    p.add_argument("--seq-len", type=int, help=f"S, the longest input_ids an example keeps (default {DEFAULT_SEQ_LEN})")
-    p.add_argument("--input-type", help="chat (default), sharegpt, instruction, prompt_completion, text, "
-                   "transcript; options of a type go in --config")
-    p.add_argument("--truncation", choices=["drop_oldest_turns", "keep_prefix", "right", "drop"],
-                   help="what to do with conversations longer than S (default drop_oldest_turns)")
-    p.add_argument("--no-default-system", action="store_true", help="do not insert a system message when missing")
+    p.add_argument("--config", help="JSON or TOML config file (seed-004 schema; keys: `etl config`); "
+                   "flags override it")
+    add_flags(p, ("tokenizer", "template", "seq_len", "input_type", "truncation"))
+    p.add_argument("--no-default-system", action="store_true",
+                   help="do not insert a system message when missing (default_system: null in a config)")
     p.add_argument("--engine", choices=["local"], default="local", help="execution engine (default local)")
-    p.add_argument("--chunk-mb", type=float, help="MiB of input per chunk (bounds memory; default 16)")
-    p.add_argument("--max-record-mb", type=float,
-                   help="reject records whose JSON is larger, as record_too_large, before parsing (MiB; "
-                   "default 16; preprocessing.max_record_bytes in a config)")
+    add_flags(p, ("chunk_bytes", "max_record_bytes"))
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--timings", action="store_true",
                    help="print wall seconds per stage (parse runs on a background thread, overlapping tokenize)")

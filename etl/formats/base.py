@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from etl.columns import INVALID_UTF8
+from etl.columns import DEFAULT_MAX_RECORD_BYTES, INVALID_UTF8
 from etl.errors import EtlError
 
 RAW_PREVIEW_CHARS = 500
@@ -29,13 +29,6 @@ MESSAGE_TYPE = "struct(role varchar, content varchar, train boolean, weight doub
 NL = "chr(10)"  # DuckDB string literals have no escapes: a newline is chr(10)
 
 
-# `preprocessing.max_record_bytes`: a record whose JSON text is longer is rejected
-# (`record_too_large`) before it is parsed or tokenized. 16 MiB, the default chunk: long-context
-# SFT at S = 32k-128k tokens is 0.1-0.5 MiB of text at ~4 bytes per token (~1 MiB as JSON with
-# escapes), so a longer record is mostly cut away at S anyway, and one record cannot double a
-# chunk. Below the limit a record adds ~6x its size to the peak RSS with Qwen2.5, ~8x with the
-# byte tokenizer (4 bytes of ids per byte of text); bench/big_record.py.
-DEFAULT_MAX_RECORD_BYTES = 16 << 20
 TOO_LARGE = "record_too_large"
 
 

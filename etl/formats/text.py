@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from etl.columns import DEFAULT_MAX_CHARS, DEFAULT_MIN_CHARS
 from etl.errors import EtlError
 from etl.formats.base import (
     HEAD_DETAILS,
@@ -27,9 +28,6 @@ from etl.formats.base import (
     register_builder,
     require_roles,
 )
-
-DEFAULT_MIN_CHARS = 50  # seed 004 preprocessing defaults
-DEFAULT_MAX_CHARS = 2_000_000
 
 # Lengths are in characters (Unicode code points, as Python's len), like seed 004's filter.
 QUERY = f"""
