@@ -91,6 +91,7 @@ def build_report(dst: str | os.PathLike[str], *, title: str | None = None) -> st
     """
     import jinja2
 
+    matplotlib_figure()  # before any query: a missing optional dependency fails in milliseconds
     manifest = read_manifest(dst)
     results = run_queries(dst, bin_width=histogram_bin_width(dst))
     plots = [
@@ -202,11 +203,24 @@ def _plot(title: str, caption: str, draw: Callable[..., None], *args: Any) -> di
     return {"title": title, "caption": caption, "png": base64.b64encode(buf.getvalue()).decode()}
 
 
+def matplotlib_figure() -> Any:
+    """matplotlib's `Figure` class (no pyplot: no global state, Agg canvas on savefig).
+
+    Raises:
+        EtlError: matplotlib is not installed (it is optional: only the report draws).
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise EtlError(
+            "the report's plots need matplotlib: pip install 'etl[report]' (or matplotlib)"
+        ) from exc
+    return Figure
+
+
 def figure(title: str, draw: Callable[..., None], *args: Any) -> Any:
     """A matplotlib Figure: `draw(ax, *args)`, the title, and the legend below the axes."""
-    from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas on savefig
-
-    fig = Figure(figsize=(6.4, 3.8), dpi=100, layout="constrained")
+    fig = matplotlib_figure()(figsize=(6.4, 3.8), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     draw(ax, *args)
     ax.set_title(title)
