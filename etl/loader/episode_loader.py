@@ -19,10 +19,10 @@ import torch
 from etl.columns import SPLITS
 from etl.errors import EtlError
 from etl.loader.collate import collate_fixed
-from etl.loader.training_xml import TrainingConfig
 from etl.loader.device import resolve_device, to_device, to_torch
 from etl.loader.episodes import EpisodeSplit, open_split
 from etl.loader.samplers import epoch_order, random_rows
+from etl.loader.training_xml import TrainingConfig
 from etl.output.storage import read_meta
 from etl.ragged import Ragged
 

@@ -13,8 +13,8 @@ import torch
 
 from etl.cli import main
 from etl.errors import EtlError
-from etl.loader.training_xml import TrainingConfig
 from etl.loader.episode_loader import EpisodeDataLoader
+from etl.loader.training_xml import TrainingConfig
 
 from .conftest import random_examples, write_dst
 
