@@ -23,7 +23,8 @@ from typing import Any
 import duckdb
 
 from etl.formats.registry import BUILDERS, run_builder
-from etl.ingest.reader import discover, read_chunks
+from etl.ingest.discover import discover
+from etl.ingest.reader import read_chunks
 
 T0 = Path(__file__).resolve().parents[2] / "shared" / "data" / "t0-train-50k" / "t0_train_50k_per_template.jsonl.gz"
 ROLES = ("system", "user", "assistant", "tool", "text")

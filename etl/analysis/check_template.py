@@ -25,7 +25,8 @@ from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 from etl.formats.base import record_keys
 from etl.formats.registry import run_builder
-from etl.ingest.reader import UnreadableFile, discover, read_chunks
+from etl.ingest.discover import UnreadableFile, discover
+from etl.ingest.reader import read_chunks
 from etl.pipeline.build import build_examples, records_frame
 from etl.pipeline.resources import Resources, build_resources
 from etl.tokens.chat_jinja import chat_template_source, render, special_tokens_map, token_string

@@ -1,20 +1,19 @@
 """`etl report`: one self-contained HTML page of an etl output's statistics.
 
-Figures come from the `sql/` queries (`etl.analysis.stats`); plots are matplotlib PNGs (Agg, no pyplot
-state) embedded as base64, so the page opens anywhere with no network and no extra files.
+Figures come from the `sql/` queries (`etl.analysis.stats`); plots are matplotlib PNGs
+(`etl.analysis.report_plots`) embedded as base64, so the page opens anywhere with no network and
+no extra files.
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from etl.analysis.report_plots import matplotlib_figure, plots
 from etl.analysis.stats import QUERY_ORDER, default_bin_width, run_queries, run_query
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
@@ -24,10 +23,6 @@ from etl.output.manifest import read_manifest
 PLOTTED_ONLY = ("length_histogram", "turns_per_example")
 TABLES = tuple(name for name in QUERY_ORDER if name not in PLOTTED_ONLY)
 LISTING_ROWS = 20
-COLORS = ("#3b75af", "#ef8636", "#519e3e", "#c53a32", "#8d69b8", "#84584e")
-# Legend entries per row below a plot: four short labels fit the 6.4-inch figure.
-LEGEND_COLUMNS = 4
-X_MARGIN = 1.02  # the length axis ends just past the last bin (matplotlib's default margin is 5%)
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{{ title }}</title>
@@ -91,42 +86,14 @@ def build_report(dst: str | os.PathLike[str], *, title: str | None = None) -> st
     """
     import jinja2
 
+    matplotlib_figure()  # before any query: a missing optional dependency fails in milliseconds
     manifest = read_manifest(dst)
     results = run_queries(dst, bin_width=histogram_bin_width(dst))
-    plots = [
-        _plot(
-            "Example lengths",
-            "Examples per length bin, per split, over the data's range; dashed: seq_len "
-            "(named under the axis when it lies beyond).",
-            _draw_lengths,
-            results["length_histogram"],
-            manifest.get("seq_len"),
-        ),
-        _plot(
-            "Tokens by role (trained share)",
-            "Kept tokens per role, trained or not, and tokens of dropped turns.",
-            _draw_roles,
-            results["roles"],
-        ),
-        _plot(
-            "Turns per example",
-            "Turns per conversation (dropped ones included), per split; "
-            "hatched: examples that lost turns to truncation.",
-            _draw_turns,
-            results["turns_per_example"],
-        ),
-        _plot(
-            "Where examples went",
-            "Manifest counts: written, truncated, dropped and rejected.",
-            _draw_drops,
-            results["drops"],
-        ),
-    ]
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     return env.from_string(PAGE).render(
         title=title or f"etl report: {dst}",
         facts=_facts(dst, manifest),
-        plots=plots,
+        plots=plots(results, manifest.get("seq_len")),
         tables=[_table(name, results[name]) for name in TABLES],
         zip=zip,
     )
@@ -194,123 +161,3 @@ def _cell(value: Any) -> Any:
             f"{value:,}"  # 13,674 reads at a glance; exact figures are in `etl stats --format csv`
         )
     return value
-
-
-def _plot(title: str, caption: str, draw: Callable[..., None], *args: Any) -> dict[str, str]:
-    buf = io.BytesIO()
-    figure(title, draw, *args).savefig(buf, format="png")
-    return {"title": title, "caption": caption, "png": base64.b64encode(buf.getvalue()).decode()}
-
-
-def figure(title: str, draw: Callable[..., None], *args: Any) -> Any:
-    """A matplotlib Figure: `draw(ax, *args)`, the title, and the legend below the axes."""
-    from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas on savefig
-
-    fig = Figure(figsize=(6.4, 3.8), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
-    draw(ax, *args)
-    ax.set_title(title)
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:  # below the axes, where it can cover no bar
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(handles), LEGEND_COLUMNS),
-                   frameon=False)
-    if not ax.has_data():
-        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, fontsize=14)
-    return fig
-
-
-def _draw_lengths(ax: Any, hist: pa.Table, seq_len: int | None) -> None:
-    from matplotlib.ticker import MaxNLocator
-    rows = hist.to_pydict()
-    for i, split in enumerate(sorted(set(rows["split"]))):
-        idx = [k for k, s in enumerate(rows["split"]) if s == split]
-        starts = [rows["bin_start"][k] for k in idx]
-        width = rows["bin_end"][idx[0]] - starts[0]
-        ax.bar(
-            starts,
-            [rows["examples"][k] for k in idx],
-            width=width,
-            align="edge",
-            alpha=0.6,
-            color=COLORS[i % len(COLORS)],
-            label=split,
-        )
-    ax.set_xlabel("tokens per example")
-    ax.set_ylabel("examples")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    if not hist.num_rows:
-        return
-    right = max(rows["bin_end"])
-    ax.set_xlim(0, right * X_MARGIN)
-    if seq_len and seq_len <= right * X_MARGIN:
-        ax.axvline(seq_len, color="#444", linestyle="--", linewidth=1)
-    elif seq_len:  # named in the label: a mark inside the axes could cover a bar
-        ax.set_xlabel(f"tokens per example (seq_len {seq_len:,} lies beyond the right edge)")
-
-
-def _draw_roles(ax: Any, roles: pa.Table) -> None:
-    r = roles.to_pydict()
-    if not roles.num_rows:
-        return
-    trained = r["trained_tokens"]
-    untrained = [k - t for k, t in zip(r["kept_tokens"], trained)]
-    ax.bar(r["role"], trained, color=COLORS[2], label="trained")
-    ax.bar(r["role"], untrained, bottom=trained, color=COLORS[0], label="kept, not trained")
-    ax.bar(
-        r["role"],
-        r["dropped_tokens"],
-        bottom=r["kept_tokens"],
-        color=COLORS[3],
-        label="dropped turns",
-    )
-    tops = [k + d for k, d in zip(r["kept_tokens"], r["dropped_tokens"])]
-    for x, (share, top) in enumerate(zip(r["trained_share"], tops)):
-        if share:  # the figure people look for: what fraction of each role carries loss
-            ax.annotate(f"{share:.0%} trained", (x, top), ha="center", va="bottom", fontsize=9)
-    ax.set_ylabel("tokens")
-    ax.set_ylim(0, max(max(tops) * 1.15, 1))
-
-
-def _draw_turns(ax: Any, turns: pa.Table) -> None:
-    r = turns.to_pydict()
-    splits = sorted(set(r["split"]))
-    width = 0.8 / max(len(splits), 1)
-    for i, split in enumerate(splits):
-        idx = [k for k, s in enumerate(r["split"]) if s == split]
-        xs = [r["num_turns"][k] + (i - (len(splits) - 1) / 2) * width for k in idx]
-        lost = [r["examples_with_dropped_turns"][k] for k in idx]
-        whole = [r["examples"][k] - n for k, n in zip(idx, lost)]
-        color = COLORS[i % len(COLORS)]
-        ax.bar(xs, whole, width=width, color=color, label=split)
-        ax.bar(
-            xs,
-            lost,
-            bottom=whole,
-            width=width,
-            color=color,
-            alpha=0.5,
-            hatch="//",
-            label=f"{split}: lost turns",
-        )
-    ax.set_xlabel("turns per conversation")
-    ax.set_ylabel("examples")
-
-
-def _draw_drops(ax: Any, drops: pa.Table) -> None:
-    r = drops.to_pydict()
-    labels, values, colors = [], [], []
-    palette = {
-        "written": COLORS[2],
-        "truncated": COLORS[1],
-        "dropped": COLORS[3],
-        "rejected": COLORS[4],
-    }
-    for stage, reason, n in zip(r["stage"], r["reason"], r["manifest"]):
-        if stage in palette and n is not None:
-            labels.append(f"{stage}: {reason}" if reason else stage)
-            values.append(n)
-            colors.append(palette[stage])
-    if not values:
-        return
-    ax.barh(labels[::-1], values[::-1], color=colors[::-1])
-    ax.set_xlabel("examples (input records)")

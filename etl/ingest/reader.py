@@ -1,4 +1,4 @@
-"""Find input files and stream them as bounded chunks of raw JSON records.
+"""Stream input files (found by `etl.ingest.discover`) as bounded chunks of raw JSON records.
 
 Every chunk is an Arrow table `(source_line int64, line large_string)`: one JSON text per
 record, whatever the file type, so one vectorized parser (`etl.formats.registry`) validates them all.
@@ -8,13 +8,8 @@ Parquet go through DuckDB / pyarrow batch readers. Memory is bounded by `chunk_b
 
 from __future__ import annotations
 
-import glob
-import os
-import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -22,237 +17,11 @@ import pyarrow.compute as pc
 
 from etl.columns import INVALID_UTF8
 from etl.config.run_config import DEFAULT_CHUNK_BYTES
-from etl.errors import EtlError
+from etl.ingest.decompress import open_binary
+from etl.ingest.discover import Source, UnreadableDir, UnreadableFile
 
-KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
-COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 Progress = Callable[[int], None]
 RAW_SCHEMA = pa.schema([("source_line", pa.int64()), ("line", pa.large_string())])
-
-
-@dataclass(frozen=True)
-class Source:
-    """One input: its path, the name written to `source_file`, its kind and compression.
-
-    Kind `dir` is a folder under SRC that could not be listed (`error` says why): the run counts
-    it as a rejected record (`unreadable_dir`) instead of skipping what it holds unseen.
-    """
-
-    path: Path
-    name: str
-    kind: str
-    compression: str | None
-    error: str | None = None
-
-
-class UnreadableFile(Exception):
-    """A whole file (or the rest of it) could not be parsed; the run records it and goes on."""
-
-    reason = "unreadable_file"
-
-
-class UnreadableDir(UnreadableFile):
-    """A folder under SRC could not be listed: whatever it holds is counted as one reject."""
-
-    reason = "unreadable_dir"
-
-
-def classify(path: Path) -> tuple[str, str | None] | None:
-    """(kind, compression) from the file name, or None for files that are not input."""
-    suffixes = [s.lower() for s in path.suffixes]
-    compression = COMPRESSIONS.get(suffixes[-1]) if suffixes else None
-    if compression:
-        suffixes = suffixes[:-1]
-    kind = KINDS.get(suffixes[-1]) if suffixes else None
-    return (kind, compression) if kind else None
-
-
-def _glob_base(pattern: str) -> Path:
-    """The directory a glob's matches are named relative to: its leading non-magic parts."""
-    parts = Path(pattern).parts
-    fixed = []
-    for part in parts[:-1]:
-        if glob.has_magic(part):
-            break
-        fixed.append(part)
-    return Path(*fixed) if fixed else Path(".")
-
-
-def source_root(src: str) -> Path:
-    """The folder SRC's files are named relative to: SRC itself, a file's folder, a glob's base."""
-    root = Path(src)
-    if root.is_dir():
-        return root
-    return root.parent if root.is_file() else _glob_base(src)
-
-
-def _hidden(part: str) -> bool:
-    return part.startswith((".", "_")) and part not in (".", "..")
-
-
-def _walk(root: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """Files under root (symlinked folders followed, as `rglob` did) and the folders that could
-    not be listed, with why. Hidden and underscore-prefixed folders are not entered."""
-    if not os.access(root, os.R_OK | os.X_OK):
-        raise EtlError(f"cannot read the input folder {root} (permission denied); check its permissions")
-    files: list[Path] = []
-    unreadable: list[tuple[Path, str]] = []
-
-    def failed(exc: OSError) -> None:
-        unreadable.append((Path(exc.filename or root), exc.strerror or str(exc)))
-
-    for folder, dirs, names in os.walk(root, onerror=failed, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not _hidden(d))
-        files += [Path(folder) / n for n in names if (Path(folder) / n).is_file()]
-    return files, unreadable
-
-
-def discover(src: str) -> list[Source]:
-    """Input files of SRC (a file, a directory searched recursively, or a glob), sorted.
-
-    Names are relative to SRC's directory (for a glob, its non-magic prefix directory), so
-    a directory and a glob over it name files alike. A path with a hidden or underscore-
-    prefixed part below that base (`.ipynb_checkpoints/`, `_old/`, `.x.jsonl`) is skipped.
-    A folder under a directory SRC that cannot be listed is a `Source` of kind `dir`.
-    """
-    root = Path(src)
-    unreadable: list[tuple[Path, str]] = []
-    if root.is_file():
-        candidates, base = [root], root.parent
-    elif root.is_dir():
-        (candidates, unreadable), base = _walk(root), root
-    else:
-        base = _glob_base(src)
-        candidates = [Path(p) for p in glob.glob(src, recursive=True) if Path(p).is_file()]
-    sources = [Source(path=p, name=_name(p, base) + "/", kind="dir", compression=None, error=why)
-               for p, why in unreadable]
-    for path in sorted(candidates):
-        kind = classify(path)
-        if kind is None:
-            continue
-        name = _name(path, base)
-        if any(_hidden(part) for part in Path(name).parts):
-            continue
-        sources.append(Source(path=path, name=name, kind=kind[0], compression=kind[1]))
-    if not sources:
-        raise EtlError(
-            f"no input files found at {src}; expected .jsonl, .json or .parquet files "
-            "(optionally .gz or .zst), a directory holding them, or a glob"
-        )
-    return sorted(sources, key=lambda s: Path(s.name).parts)  # as Path sorting: by part
-
-
-def _name(path: Path, base: Path) -> str:
-    try:
-        return str(path.relative_to(base))
-    except ValueError:  # a glob match outside its prefix (`..`): name it as matched
-        return str(path)
-
-
-RAW_BLOCK = 1 << 16  # compressed bytes fed to a decompressor at a time
-
-
-class _DecompressedStream:
-    """A decompressed byte stream over raw blocks, with damage reported after the good data.
-
-    `read(n)` returns every byte decompressed before damage (a truncated stream, a corrupt
-    block); the error is raised by the next call. So complete records before the damage are
-    yielded however the caller sizes its reads, and then the file is `UnreadableFile`.
-    """
-
-    def __init__(self, fh: BinaryIO, compression: str) -> None:
-        self._fh = fh
-        self._compression = compression
-        self._pending = bytearray()
-        self._error: Exception | None = None
-        self._done = False
-        self._dec = self._new_decompressor()
-        self._member_started = False  # gzip: a member has begun (trailing zero padding is not one)
-        self.closed = False
-
-    def _new_decompressor(self) -> Any:  # a zlib or zstandard decompression object
-        if self._compression == "gzip":
-            return zlib.decompressobj(16 + zlib.MAX_WBITS)
-        import zstandard
-
-        return zstandard.ZstdDecompressor().decompressobj()
-
-    def _feed(self, data: bytes) -> None:
-        """Decompress `data` into the pending buffer (gzip: member after member)."""
-        if self._compression == "gzip":
-            while data:
-                if not self._member_started:
-                    stripped = data.lstrip(b"\x00")  # padding after the last member
-                    if not stripped:
-                        return
-                    data, self._member_started = stripped, True
-                self._pending += self._dec.decompress(data)
-                if not self._dec.eof:
-                    return
-                data = self._dec.unused_data
-                self._dec, self._member_started = self._new_decompressor(), False
-        else:
-            while data:
-                self._member_started = True
-                self._pending += self._dec.decompress(data)
-                if not self._dec.eof:
-                    return
-                data = self._dec.unused_data
-                self._dec, self._member_started = self._new_decompressor(), False  # a next frame
-
-    def _fill(self, n: int) -> None:
-        import zstandard
-
-        while len(self._pending) < n and not self._done and self._error is None:
-            raw = self._fh.read(RAW_BLOCK)
-            try:
-                if not raw:
-                    self._done = True
-                    if self._compression == "gzip":
-                        self._pending += self._dec.flush()
-                        truncated = self._member_started
-                    else:
-                        truncated = self._member_started and not self._dec.eof
-                    if truncated:
-                        self._error = EOFError(f"truncated {self._compression} stream")
-                    return
-                self._feed(raw)
-            except (zlib.error, zstandard.ZstdError) as exc:
-                self._error = UnreadableFile(f"corrupt {self._compression} stream ({exc})")
-
-    def read(self, n: int = -1) -> bytes:
-        self._fill(n if n >= 0 else 1 << 62)
-        if not self._pending and self._error is not None:
-            error, self._error = self._error, None
-            self._done = True
-            raise error
-        if n < 0 or n >= len(self._pending):
-            out = bytes(self._pending)
-            self._pending.clear()
-        else:
-            out = bytes(self._pending[:n])
-            del self._pending[:n]
-        return out
-
-    def close(self) -> None:
-        self.closed = True
-        self._fh.close()
-
-    def __enter__(self) -> BinaryIO:
-        return self  # type: ignore[return-value]
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _open_binary(source: Source, raw: list[BinaryIO] | None = None) -> BinaryIO:
-    """The decompressed byte stream; `raw` receives the file object under it (for tell())."""
-    fh = open(source.path, "rb")  # noqa: SIM115 (closed by the stream that wraps it)
-    if raw is not None:
-        raw.append(fh)
-    if source.compression in ("gzip", "zstd"):
-        return _DecompressedStream(fh, source.compression)  # type: ignore[return-value]
-    return fh
 
 
 def _lines_from_block(block: bytes, first_line: int) -> pa.Table:
@@ -301,7 +70,7 @@ def _jsonl_chunks(source: Source, chunk_bytes: int, progress: Progress | None = 
     next_line = 0
     rest = b""
     raw: list[BinaryIO] = []
-    with _open_binary(source, raw) as fh:
+    with open_binary(source, raw) as fh:
         first = True
         while True:
             data = fh.read(chunk_bytes)
@@ -394,7 +163,7 @@ def _first_line(source: Source) -> bytes:
     Stops early once the first non-blank character is `[` (an array needs no more).
     """
     head = b""
-    with _open_binary(source) as fh:
+    with open_binary(source) as fh:
         while True:
             data = fh.read(1 << 16)
             head += data

@@ -35,6 +35,27 @@ def _seq_len_error(given: int | None, run_seq_len: int | None) -> str:
     return f"seq_len={given} is too small: {what}{fix}"
 
 
+def _resolve_seq_len(given: int | None, run_seq_len: int | None, truncation: str) -> int:
+    """S: `given`, else the run's; an S below the run's is allowed, with a warning.
+
+    Raises:
+        EtlError: S below 2 (one token makes no (x, y) pair at all).
+    """
+    resolved = int(run_seq_len or 0) if given is None else int(given)
+    if resolved < 2:
+        raise EtlError(_seq_len_error(given, run_seq_len))
+    if run_seq_len and resolved < int(run_seq_len):
+        # etl run truncated whole turns to its S; cutting again here is token-level and can
+        # leave rows with nothing trained (an all -100 batch makes cross-entropy NaN).
+        warnings.warn(
+            f"seq_len={resolved} is below the S={run_seq_len} that `etl run` "
+            f"used; rows are cut token-wise ({truncation}). Rerun `etl run --seq-len "
+            f"{resolved}` to truncate by whole turns instead.",
+            stacklevel=3,  # the caller of ParquetLoader(...), through __init__
+        )
+    return resolved
+
+
 def _check_choice(name: str, value: str, choices: list[str]) -> None:
     if value not in choices:
         raise EtlError(f"unknown {name} {value!r}; choose one of {choices}")
@@ -116,36 +137,40 @@ class ParquetLoader:
         _check_choice("collate", collate, sorted(COLLATE_FNS))
         _check_choice("mask_dtype", mask_dtype, ["bool", "float32"])
         window = shuffle_window or 0
-        cache = {"cache_row_groups": max(cache_row_groups, window), "cache_mb": cache_mb}
         self.dataset = ParquetDataset(
-            dst, split=split, min_tokens=min_tokens, weights=weights, **cache
+            dst, split=split, min_tokens=min_tokens, weights=weights,
+            cache_row_groups=max(cache_row_groups, window), cache_mb=cache_mb,
         )
         manifest = self.dataset.manifest
-        self.seq_len = int(manifest.get("seq_len") or 0) if seq_len is None else int(seq_len)
-        if self.seq_len < 2:  # S = T + 1: one token makes no (x, y) pair at all
-            raise EtlError(_seq_len_error(seq_len, manifest.get("seq_len")))
-        if manifest.get("seq_len") and self.seq_len < int(manifest["seq_len"]):
-            # etl run truncated whole turns to its S; cutting again here is token-level and can
-            # leave rows with nothing trained (an all -100 batch makes cross-entropy NaN).
-            warnings.warn(
-                f"seq_len={self.seq_len} is below the S={manifest['seq_len']} that `etl run` "
-                f"used; rows are cut token-wise ({truncation}). Rerun `etl run --seq-len "
-                f"{self.seq_len}` to truncate by whole turns instead.",
-                stacklevel=2,
-            )
+        self.seq_len = _resolve_seq_len(seq_len, manifest.get("seq_len"), truncation)
         self.pad_id = resolve_pad_id(pad_id, manifest)
         self.rank, self.world_size = _rank_world(rank, world_size)
         self.device = resolve_device(device)
         self.sampler = self._make_sampler(
-            sampler,
-            batch_size=batch_size,
-            seed=seed,
-            shuffle=shuffle,
-            drop_last=drop_last,
-            window=window,
-            num_batches=num_batches,
-            num_workers=num_workers,
+            sampler, batch_size=batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last,
+            window=window, num_batches=num_batches, num_workers=num_workers,
         )
+        self.collate_fn = self._make_collate(
+            collate, pad_multiple=pad_multiple, use_loss_mask=use_loss_mask, truncation=truncation,
+            mask_dtype=mask_dtype,
+        )
+        self.num_workers = num_workers
+        self.dataloader = DataLoader(
+            self.dataset, batch_sampler=self.sampler, collate_fn=self.collate_fn,
+            num_workers=num_workers, pin_memory=self.device.type == "cuda",
+        )
+        self.epoch, self.position = 0, 0
+
+    def _make_collate(
+        self,
+        strategy: str,
+        *,
+        pad_multiple: int,
+        use_loss_mask: bool,
+        truncation: Truncation,
+        mask_dtype: str,
+    ) -> TorchCollate:
+        """The batch builder: `strategy` from COLLATE_FNS with this loader's S and pad id."""
         options = {
             "seq_len": self.seq_len,
             "pad_id": self.pad_id,
@@ -154,16 +179,7 @@ class ParquetLoader:
             "truncation": truncation,
             "mask_dtype": np.float32 if mask_dtype == "float32" else np.bool_,
         }
-        self.collate_fn = TorchCollate(collate, options)
-        self.num_workers = num_workers
-        self.dataloader = DataLoader(
-            self.dataset,
-            batch_sampler=self.sampler,
-            collate_fn=self.collate_fn,
-            num_workers=num_workers,
-            pin_memory=self.device.type == "cuda",
-        )
-        self.epoch, self.position = 0, 0
+        return TorchCollate(strategy, options)
 
     def _make_sampler(
         self,

@@ -20,9 +20,10 @@ from etl.columns import SPLITS
 from etl.errors import EtlError
 from etl.loader.collate import collate_fixed
 from etl.loader.device import resolve_device, to_device, to_torch
-from etl.loader.episodes import EpisodeSplit, open_split, read_meta
+from etl.loader.episodes import EpisodeSplit, open_split
 from etl.loader.samplers import epoch_order, random_rows
 from etl.loader.training_xml import TrainingConfig
+from etl.output.storage import read_meta
 from etl.ragged import Ragged
 
 log = logging.getLogger("etl.loader.episodes")
@@ -89,7 +90,7 @@ class EpisodeDataLoader:
 
     def _pad_id(self, eos_id: int | None) -> int:
         """config pad_token_id, else the tokenizer's EOS, else the export's pad/eot id."""
-        meta = read_meta(self.dataset_dir)
+        meta = read_meta(self.dataset_dir, required=False)
         for value in (self.config.pad_token_id, eos_id, meta.get("pad_id"), meta.get("eot_id")):
             if value is not None:
                 return int(value)

@@ -11,7 +11,6 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -20,15 +19,12 @@ from etl.errors import EtlError
 from etl.output.manifest import read_manifest
 from etl.output.ownership import OutputWriter, tmp_of
 from etl.output.parts import listed_parts, listed_splits, open_part
+from etl.output.storage import memmap_file
+from etl.output.storage_backends import META_FILE
 from etl.ragged import from_arrow
 from etl.ui.progress import rows_bar
 
-TOKENS_FILE, MASK_FILE, INDEX_FILE, META_FILE = (
-    "tokens.bin",
-    "mask.bin",
-    "episodes.idx",
-    "meta.json",
-)
+TOKENS_FILE, MASK_FILE, INDEX_FILE = "tokens.bin", "mask.bin", "episodes.idx"
 
 
 def _export_split(files: list[Path], out: Path, *, mask: bool, output: OutputWriter) -> dict[str, int]:
@@ -132,13 +128,6 @@ class EpisodeSplit:
     mask_note: str = ""
 
 
-def _memmap(path: Path, dtype: Any) -> np.ndarray:
-    # np.memmap refuses empty files; an empty split is a valid (if useless) file set.
-    if path.stat().st_size == 0:
-        return np.zeros(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r")
-
-
 def open_split(directory: str | os.PathLike[str], *, need_index: bool = True) -> EpisodeSplit:
     """Open ``directory`` (e.g. ``dataset_dir/train``) of the seed-002 layout.
 
@@ -156,7 +145,7 @@ def open_split(directory: str | os.PathLike[str], *, need_index: bool = True) ->
         raise EtlError(
             f"{d} lacks {missing}; create it with `etl export DST {d.parent} --format episodes`"
         )
-    tokens = _memmap(d / TOKENS_FILE, np.uint32)
+    tokens = memmap_file(d / TOKENS_FILE, np.uint32)
     index = None
     if (d / INDEX_FILE).is_file():
         size = (d / INDEX_FILE).stat().st_size
@@ -173,11 +162,5 @@ def open_split(directory: str | os.PathLike[str], *, need_index: bool = True) ->
         if dtype is None:
             note = f"{MASK_FILE} has {size} bytes for {n} tokens (incomplete)"
         else:
-            mask, note = _memmap(d / MASK_FILE, dtype), ""
+            mask, note = memmap_file(d / MASK_FILE, dtype), ""
     return EpisodeSplit(tokens, index, mask, note)
-
-
-def read_meta(dataset_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """``meta.json`` of an exported dataset, or ``{}`` for a layout written by other tools."""
-    path = Path(dataset_dir) / META_FILE
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

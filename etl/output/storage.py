@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow.parquet as pq
 
 from etl import columns as c
@@ -53,7 +54,10 @@ from etl.output.parts import listed_parts, listed_splits
 from etl.output.storage_backends import BACKENDS, META_FILE, OFFSETS, SEQUENCE
 from etl.output.storage_writer import domain_folder, write_domains
 
-__all__ = ["domain_folder", "export_storage", "read_bin", "read_meta", "write_bin", "write_h5", "write_storage"]
+__all__ = [
+    "domain_folder", "export_storage", "memmap_file", "read_bin", "read_meta", "write_bin", "write_h5",
+    "write_storage",
+]
 
 DEFAULT_MAX_TOKENS_PER_SHARD = 100_000_000  # seed 004 default: 800 MB of int64 per stream file
 FORMAT_VERSION = 1
@@ -221,22 +225,44 @@ def write_h5(
     )
 
 
-def read_meta(domain_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load ``<domain>/meta.json``, or raise an `EtlError` that says how to create it."""
+def read_meta(domain_dir: str | os.PathLike[str], *, required: bool = True) -> dict[str, Any]:
+    """Load ``meta.json`` of a folder `etl export` wrote (a storage domain or an episode dataset).
+
+    Args:
+        domain_dir: the folder holding ``meta.json``.
+        required: False returns ``{}`` when the file is absent (an episode layout written by
+            other tools has none).
+
+    Raises:
+        EtlError: required and absent; the message says how to create it.
+    """
     path = Path(domain_dir) / META_FILE
     if not path.is_file():
+        if not required:
+            return {}
         raise EtlError(f"{path} not found: create it with `etl export DST OUT --format bin|h5`")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _memmap(path: Path, dtype: str, count: int) -> np.ndarray:
-    """Read-only memmap checked against meta.json's count (a short file is a broken export)."""
-    size = path.stat().st_size if path.is_file() else -1
-    if size != count * np.dtype(dtype).itemsize:
-        raise EtlError(f"{path} is missing or has {size} bytes, not {count} x {dtype}; re-export")
-    if count == 0:  # np.memmap refuses empty files
+def memmap_file(path: Path, dtype: npt.DTypeLike, count: int | None = None) -> np.ndarray:
+    """A read-only memmap of a flat file of `dtype` items (pages are read only when touched).
+
+    Args:
+        path: the file.
+        dtype: its item type.
+        count: the items meta.json says it holds: a missing or other-sized file is a broken
+            export. None: as many as the file holds.
+
+    Raises:
+        EtlError: the file does not hold `count` items.
+    """
+    if count is not None:
+        size = path.stat().st_size if path.is_file() else -1
+        if size != count * np.dtype(dtype).itemsize:
+            raise EtlError(f"{path} is missing or has {size} bytes, not {count} x {dtype}; re-export")
+    if path.stat().st_size == 0:  # np.memmap refuses empty files; an empty split is valid
         return np.zeros(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+    return np.memmap(path, dtype=dtype, mode="r")
 
 
 def read_bin(
@@ -267,7 +293,7 @@ def read_bin(
         raise EtlError(f"{d} has shards 0..{len(shards) - 1}, not {k}")
     entry = shards[k]
     files = entry["files"]
-    sequence = _memmap(d / files[SEQUENCE], "<i8", entry["num_tokens"])
-    mask = _memmap(d / files[c.LOSS_MASK], "<i8", entry["num_tokens"])
-    offsets = np.array(_memmap(d / files[OFFSETS], "<i8", entry["num_sequences"] + 1))
+    sequence = memmap_file(d / files[SEQUENCE], "<i8", entry["num_tokens"])
+    mask = memmap_file(d / files[c.LOSS_MASK], "<i8", entry["num_tokens"])
+    offsets = np.array(memmap_file(d / files[OFFSETS], "<i8", entry["num_sequences"] + 1))
     return sequence, mask, offsets

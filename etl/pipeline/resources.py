@@ -15,7 +15,7 @@ from etl import columns as c
 from etl.config.run_config import MaskOptions, RunConfig
 from etl.errors import EtlError
 from etl.formats.registry import BUILDERS, BuilderQuery, build_query
-from etl.ingest.reader import Source
+from etl.ingest.discover import Source
 from etl.pipeline.accounting import Counts
 from etl.tokens.templates import TemplateIds, resolve_template
 from etl.tokens.tokenizer import TextTokenizer, encode_template_text

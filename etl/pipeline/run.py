@@ -24,9 +24,10 @@ from etl import columns as c
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 from etl.formats.registry import run_builder
+from etl.ingest.discover import Source, UnreadableFile, discover, source_root
 from etl.ingest.prefetch import prefetch
 from etl.ingest.preprocess import Deduplicator, domains, record_keys, splits
-from etl.ingest.reader import Source, UnreadableFile, discover, read_chunks, source_root
+from etl.ingest.reader import read_chunks
 from etl.output.ownership import OutputWriter, check_inputs, check_target
 from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_schema
 from etl.output.part_writer import PartWriter

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from etl.analysis.report import COLORS, TABLES, build_report, write_report
+from etl.analysis.report import TABLES, build_report, write_report
+from etl.analysis.report_plots import COLORS
 from etl.errors import EtlError
 from tests.analysis.stats_fixtures import REPO
 
@@ -86,10 +87,10 @@ def overlaps(a: object, b: object) -> bool:
 def test_report_legends_sit_below_the_axes(any_dst: Path, name: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from etl.analysis.report import _draw_roles, _draw_turns, figure
+    from etl.analysis.report_plots import draw_roles, draw_turns, figure
     from etl.analysis.stats import run_query
 
-    draw = {"roles": _draw_roles, "turns_per_example": _draw_turns}[name]
+    draw = {"roles": draw_roles, "turns_per_example": draw_turns}[name]
     fig = figure(name, draw, run_query(any_dst, name))
     canvas = FigureCanvasAgg(fig)
     canvas.draw()  # runs the constrained layout, so the extents are final
@@ -102,14 +103,15 @@ def test_report_legends_sit_below_the_axes(any_dst: Path, name: str) -> None:
 def test_report_length_axis_spans_the_data_not_seq_len(tmp_path: Path, cli: object) -> None:
     import pyarrow as pa
 
-    from etl.analysis.report import X_MARGIN, _draw_lengths, figure, histogram_bin_width
+    from etl.analysis.report import histogram_bin_width
+    from etl.analysis.report_plots import X_MARGIN, draw_lengths, figure
 
     out = tmp_path / "out"
     assert cli("run", str(REPO / "examples" / "raw"), str(out), "--quiet").returncode == 0  # type: ignore[operator]
     assert histogram_bin_width(out) < 2048 // 32  # bins fitted to the data, not to S = 2048
     hist = pa.table({"split": ["train"] * 3, "bin_start": [0, 10, 20], "bin_end": [10, 20, 30],
                      "examples": [1, 4, 2]})
-    ax = figure("lengths", _draw_lengths, hist, 2048).axes[0]
+    ax = figure("lengths", draw_lengths, hist, 2048).axes[0]
     assert ax.get_xlim() == (0, 30 * X_MARGIN) and "seq_len 2,048" in ax.get_xlabel()
-    ax = figure("lengths", _draw_lengths, hist, 25).axes[0]
+    ax = figure("lengths", draw_lengths, hist, 25).axes[0]
     assert [line.get_xdata()[0] for line in ax.get_lines()] == [25] and "seq_len" not in ax.get_xlabel()

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pytest
 
 from etl.formats.registry import BUILDERS, run_builder
-from etl.ingest.reader import discover, read_chunks
+from etl.ingest.discover import discover
+from etl.ingest.reader import read_chunks
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 LF = SHARED / "llamafactory-demo"

@@ -23,7 +23,8 @@ from etl.columns import INVALID_UTF8
 from etl.errors import EtlError
 from etl.formats.registry import BUILDERS, run_builder
 from etl.formats.transcript import WHITESPACE, marker_pattern
-from etl.ingest.reader import discover, read_chunks
+from etl.ingest.discover import discover
+from etl.ingest.reader import read_chunks
 from tests.formats.test_builders import ROLES, build, msg, one, reason
 
 HH = Path(__file__).resolve().parents[3] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"

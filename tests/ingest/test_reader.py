@@ -1,4 +1,4 @@
-"""etl.ingest.reader: damaged compressed files, deterministic JSON arrays, byte-sized chunks, discovery."""
+"""etl.ingest.reader: damaged compressed files, deterministic JSON arrays, byte-sized chunks."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 import zstandard
 
-from etl.ingest.reader import UnreadableFile, classify, discover, read_chunks
+from etl.ingest.discover import UnreadableFile, discover
+from etl.ingest.reader import read_chunks
 
 
 def _source(path: Path):
@@ -133,36 +133,3 @@ def test_json_lines_with_long_first_line(tmp_path: Path) -> None:
     assert err is None
     assert [n for n, _ in recs] == [0, 1, 2]  # per-line records: the broken one is its own reject
     assert recs[2][1].strip() == "{broken"
-
-
-def _touch(path: Path, text: str = '{"a": 1}\n') -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-def test_discover_skips_hidden_and_underscore_directories(tmp_path: Path) -> None:
-    raw = tmp_path / "_raw"  # the root itself may be underscore-named
-    _touch(raw / "a.jsonl")
-    _touch(raw / "sub" / "b.jsonl")
-    _touch(raw / ".ipynb_checkpoints" / "a.jsonl")
-    _touch(raw / "_old" / "c.jsonl")
-    _touch(raw / "sub" / ".hidden.jsonl")
-    names = [s.name for s in discover(str(raw))]
-    assert names == ["a.jsonl", str(Path("sub") / "b.jsonl")]
-    names = [s.name for s in discover(str(raw / "**" / "*.jsonl"))]
-    assert names == ["a.jsonl", str(Path("sub") / "b.jsonl")]
-
-
-def test_discover_glob_names_match_directory_names(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    _touch(tmp_path / "raw" / "a.jsonl")
-    _touch(tmp_path / "raw" / "b.jsonl")
-    _touch(tmp_path / "raw" / "d" / "c.json")
-    by_dir = {s.name for s in discover("raw/")}
-    assert by_dir == {"a.jsonl", "b.jsonl", str(Path("d") / "c.json")}
-    assert {s.name for s in discover("raw/*.jsonl")} == {"a.jsonl", "b.jsonl"}
-    assert {s.name for s in discover("raw/**/*.json")} == {str(Path("d") / "c.json")}
-    assert {s.name for s in discover(str(tmp_path / "raw" / "*.jsonl"))} == {"a.jsonl", "b.jsonl"}
-    assert classify(Path("x.jsonl.zst")) == ("jsonl", "zstd")

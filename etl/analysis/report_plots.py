@@ -1,0 +1,192 @@
+"""The plots of `etl report`: matplotlib figures (Agg canvas, no pyplot state) saved as PNG.
+
+Each `draw_*` function fills one Axes from one `sql/` query's table; `figure` adds the title and
+the legend, `plots` makes the report's four, in page order, as base64 PNGs.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from etl.errors import EtlError
+
+COLORS = ("#3b75af", "#ef8636", "#519e3e", "#c53a32", "#8d69b8", "#84584e")
+# Legend entries per row below a plot: four short labels fit the 6.4-inch figure.
+LEGEND_COLUMNS = 4
+X_MARGIN = 1.02  # the length axis ends just past the last bin (matplotlib's default margin is 5%)
+
+
+def plots(results: dict[str, pa.Table], seq_len: int | None) -> list[dict[str, str]]:
+    """The report's plots from the `run_queries` results: title, caption and base64 PNG each."""
+    return [
+        plot_png(
+            "Example lengths",
+            "Examples per length bin, per split, over the data's range; dashed: seq_len "
+            "(named under the axis when it lies beyond).",
+            draw_lengths,
+            results["length_histogram"],
+            seq_len,
+        ),
+        plot_png(
+            "Tokens by role (trained share)",
+            "Kept tokens per role, trained or not, and tokens of dropped turns.",
+            draw_roles,
+            results["roles"],
+        ),
+        plot_png(
+            "Turns per example",
+            "Turns per conversation (dropped ones included), per split; "
+            "hatched: examples that lost turns to truncation.",
+            draw_turns,
+            results["turns_per_example"],
+        ),
+        plot_png(
+            "Where examples went",
+            "Manifest counts: written, truncated, dropped and rejected.",
+            draw_drops,
+            results["drops"],
+        ),
+    ]
+
+
+def plot_png(title: str, caption: str, draw: Callable[..., None], *args: Any) -> dict[str, str]:
+    """The figure as a base64 PNG with its title and caption, as the page embeds it."""
+    buf = io.BytesIO()
+    figure(title, draw, *args).savefig(buf, format="png")
+    return {"title": title, "caption": caption, "png": base64.b64encode(buf.getvalue()).decode()}
+
+
+def matplotlib_figure() -> Any:
+    """matplotlib's `Figure` class (no pyplot: no global state, Agg canvas on savefig).
+
+    Raises:
+        EtlError: matplotlib is not installed (it is optional: only the report draws).
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise EtlError(
+            "the report's plots need matplotlib: pip install 'etl[report]' (or matplotlib)"
+        ) from exc
+    return Figure
+
+
+def figure(title: str, draw: Callable[..., None], *args: Any) -> Any:
+    """A matplotlib Figure: `draw(ax, *args)`, the title, and the legend below the axes."""
+    fig = matplotlib_figure()(figsize=(6.4, 3.8), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    draw(ax, *args)
+    ax.set_title(title)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:  # below the axes, where it can cover no bar
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(handles), LEGEND_COLUMNS),
+                   frameon=False)
+    if not ax.has_data():
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, fontsize=14)
+    return fig
+
+
+def draw_lengths(ax: Any, hist: pa.Table, seq_len: int | None) -> None:
+    """Examples per length bin, a colour per split; seq_len dashed inside the axis, else named."""
+    from matplotlib.ticker import MaxNLocator
+    rows = hist.to_pydict()
+    for i, split in enumerate(sorted(set(rows["split"]))):
+        idx = [k for k, s in enumerate(rows["split"]) if s == split]
+        starts = [rows["bin_start"][k] for k in idx]
+        width = rows["bin_end"][idx[0]] - starts[0]
+        ax.bar(
+            starts,
+            [rows["examples"][k] for k in idx],
+            width=width,
+            align="edge",
+            alpha=0.6,
+            color=COLORS[i % len(COLORS)],
+            label=split,
+        )
+    ax.set_xlabel("tokens per example")
+    ax.set_ylabel("examples")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if not hist.num_rows:
+        return
+    right = max(rows["bin_end"])
+    ax.set_xlim(0, right * X_MARGIN)
+    if seq_len and seq_len <= right * X_MARGIN:
+        ax.axvline(seq_len, color="#444", linestyle="--", linewidth=1)
+    elif seq_len:  # named in the label: a mark inside the axes could cover a bar
+        ax.set_xlabel(f"tokens per example (seq_len {seq_len:,} lies beyond the right edge)")
+
+
+def draw_roles(ax: Any, roles: pa.Table) -> None:
+    """Tokens per role, stacked: trained, kept but not trained, dropped turns; share on top."""
+    r = roles.to_pydict()
+    if not roles.num_rows:
+        return
+    trained = r["trained_tokens"]
+    untrained = [k - t for k, t in zip(r["kept_tokens"], trained)]
+    ax.bar(r["role"], trained, color=COLORS[2], label="trained")
+    ax.bar(r["role"], untrained, bottom=trained, color=COLORS[0], label="kept, not trained")
+    ax.bar(
+        r["role"],
+        r["dropped_tokens"],
+        bottom=r["kept_tokens"],
+        color=COLORS[3],
+        label="dropped turns",
+    )
+    tops = [k + d for k, d in zip(r["kept_tokens"], r["dropped_tokens"])]
+    for x, (share, top) in enumerate(zip(r["trained_share"], tops)):
+        if share:  # the figure people look for: what fraction of each role carries loss
+            ax.annotate(f"{share:.0%} trained", (x, top), ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("tokens")
+    ax.set_ylim(0, max(max(tops) * 1.15, 1))
+
+
+def draw_turns(ax: Any, turns: pa.Table) -> None:
+    """Examples per turn count, splits side by side; hatched: examples that lost turns."""
+    r = turns.to_pydict()
+    splits = sorted(set(r["split"]))
+    width = 0.8 / max(len(splits), 1)
+    for i, split in enumerate(splits):
+        idx = [k for k, s in enumerate(r["split"]) if s == split]
+        xs = [r["num_turns"][k] + (i - (len(splits) - 1) / 2) * width for k in idx]
+        lost = [r["examples_with_dropped_turns"][k] for k in idx]
+        whole = [r["examples"][k] - n for k, n in zip(idx, lost)]
+        color = COLORS[i % len(COLORS)]
+        ax.bar(xs, whole, width=width, color=color, label=split)
+        ax.bar(
+            xs,
+            lost,
+            bottom=whole,
+            width=width,
+            color=color,
+            alpha=0.5,
+            hatch="//",
+            label=f"{split}: lost turns",
+        )
+    ax.set_xlabel("turns per conversation")
+    ax.set_ylabel("examples")
+
+
+def draw_drops(ax: Any, drops: pa.Table) -> None:
+    """The manifest's counts per stage and reason, as horizontal bars."""
+    r = drops.to_pydict()
+    labels, values, colors = [], [], []
+    palette = {
+        "written": COLORS[2],
+        "truncated": COLORS[1],
+        "dropped": COLORS[3],
+        "rejected": COLORS[4],
+    }
+    for stage, reason, n in zip(r["stage"], r["reason"], r["manifest"]):
+        if stage in palette and n is not None:
+            labels.append(f"{stage}: {reason}" if reason else stage)
+            values.append(n)
+            colors.append(palette[stage])
+    if not values:
+        return
+    ax.barh(labels[::-1], values[::-1], color=colors[::-1])
+    ax.set_xlabel("examples (input records)")
