@@ -110,7 +110,7 @@ class BinBackend(Backend):
         return files
 
 
-def _h5py() -> Any:
+def require_h5py() -> Any:
     try:
         import h5py  # optional dependency, imported only when h5 is asked for
     except ImportError as exc:
@@ -131,7 +131,7 @@ class H5Backend(Backend):
         return folder / f".{H5_NAME}-{k:05d}.{self.ext}.tmp"
 
     def open(self, folder: Path, k: int) -> None:
-        h5py = _h5py()
+        h5py = require_h5py()
         with h5py.File(self.output.reserve(self.tmp(folder, k)), "w") as f:
             for stream in self.streams():
                 f.create_dataset(
@@ -146,7 +146,7 @@ class H5Backend(Backend):
                 )
 
     def append(self, folder: Path, k: int, arrays: dict[str, np.ndarray]) -> None:
-        with _h5py().File(self.tmp(folder, k), "a") as f:
+        with require_h5py().File(self.tmp(folder, k), "a") as f:
             for stream, arr in arrays.items():
                 ds = f[stream]
                 n = ds.shape[0]

@@ -261,6 +261,10 @@ def run(
     storage = config.storage_format != "parquet"
     sources, holds_inputs = _inputs(src, out, storage=storage)
     check_target(out, keep=holds_inputs)  # before the tokenizer loads: refuse in milliseconds
+    if config.storage_format == "h5":  # a missing h5py fails now, not after tokenizing it all
+        from etl.output.storage_backends import require_h5py
+
+        require_h5py()
     res = build_resources(config)
     started = time.perf_counter()
     with OutputWriter(out, kind="run", keep=holds_inputs) as output:

@@ -79,3 +79,15 @@ def test_commands_run_without_the_optional_dependencies_and_torch(sample: Path, 
     )
     assert statuses(proc) == [0, 0, 0, 0, 0], proc.stderr
     assert "torch" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_h5_run_without_h5py_fails_before_writing(tmp_path: Path) -> None:
+    """`output.storage_format = "h5"` checks for h5py before the tokenizer loads, so DST stays
+    untouched rather than holding a finished Parquet run and a failed export."""
+    config = tmp_path / "h5.json"
+    config.write_text(json.dumps({"output": {"storage_format": "h5"}}))
+    dst = tmp_path / "run"
+    proc = etl_without(("h5py",), ["run", str(EXAMPLES), str(dst), "--config", str(config), "--quiet"])
+    assert statuses(proc) == [2]
+    assert proc.stderr == "etl run: error: storage_format h5 needs h5py: pip install 'etl[h5]' (or h5py)\n"
+    assert not dst.exists()
