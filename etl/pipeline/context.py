@@ -131,9 +131,10 @@ class Context:
             self.timings[stage] += time.perf_counter() - started
 
     def timed_encode(self, texts: pa.Array) -> pa.LargeListArray:
-        """The tokenizer's batched call, timed on its own (it runs inside the Polars plan)."""
+        """The tokenizer's batched call, timed on its own (it runs inside the Polars plan); the
+        tokenizer adds the part spent copying ids out of it as `tokenizer_ids`."""
         with self.timed("tokenizer"):
-            return self.tokenizer.encode_texts(texts)
+            return self.tokenizer.encode_texts(texts, timings=self.timings)
 
     @property
     def mask(self) -> st.MaskOptions:
