@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from etl.ingest.preprocess import Deduplicator
-from etl.tokens.tokenizer import ENCODE_CHUNK, flatten_ids
+from etl.tokens.hf_tokenizer import ENCODE_CHUNK, flatten_ids
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 T0 = SHARED / "t0-train-50k" / "t0_train_50k_per_template.jsonl.gz"
