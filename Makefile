@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/builders_throughput.py
 	$(BIN)/python bench/loader_throughput.py
 	$(BIN)/python bench/big_record.py
+	$(BIN)/python bench/hot_path.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check etl tests bench examples

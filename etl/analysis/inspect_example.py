@@ -14,7 +14,8 @@ from typing import Any
 
 from etl import columns as C
 from etl.errors import EtlError
-from etl.tokens.tokenizer import BYTES, TextTokenizer, load_tokenizer, load_tokenizer_from_manifest
+from etl.tokens.loading import load_tokenizer, load_tokenizer_from_manifest
+from etl.tokens.tokenizer import BYTES, TextTokenizer
 
 TRAIN_OPEN, TRAIN_CLOSE = "[[", "]]"
 # Two shades per kind: neighbouring tokens alternate, so token boundaries show in the terminal.

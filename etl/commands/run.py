@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         if hint := format_hint(manifest, args.dst):
             print(hint, file=sys.stderr)
     if args.timings:
-        # tokenize_plan includes the tokenizer's own time, shown on its own line too.
+        # tokenize_plan includes the tokenizer's own time, shown on its own line too; tokenizer
+        # includes tokenizer_ids (copying ids out of the tokenizer's Python lists into numpy).
         stages = ", ".join(f"{name} {sec:.2f}s" for name, sec in sorted(timings.items(), key=lambda kv: -kv[1]))
         print(f"etl run timings: {stages}", file=sys.stderr)
     return _incomplete(manifest)

@@ -97,7 +97,7 @@ def build_examples(
 
     def encode(texts: pa.Array) -> pa.LargeListArray:
         with timings.timed("tokenizer"):
-            return res.tokenizer.encode_texts(texts)
+            return res.tokenizer.encode_texts(texts, timings=timings)
 
     with timings.timed("tokenize_plan"):
         plan = st.plan_turns(

@@ -36,8 +36,9 @@ from etl.tokens.hf_probe import (
     split_tail,
     whitespace_rules,
 )
+from etl.tokens.loading import load_tokenizer
 from etl.tokens.templates import PRESETS, RoleFormat, Template, get_template
-from etl.tokens.tokenizer import TextTokenizer, load_tokenizer
+from etl.tokens.tokenizer import TextTokenizer
 
 HF = "hf"
 

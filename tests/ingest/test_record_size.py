@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import etl.tokens.tokenizer as tk
+import etl.tokens.hf_tokenizer as hf
 from etl.cli import main
 from etl.config.from_file import config_from_dict
 from etl.config.run_config import RunConfig
@@ -35,6 +35,7 @@ from etl.formats.registry import (
     run_builder,
 )
 from etl.ingest.reader import RAW_SCHEMA
+from etl.tokens import cutting
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 QWEN = SHARED / "qwen2.5-tokenizer"
@@ -196,10 +197,10 @@ NASTY = list("ab Z\n\n\r\t  .,'s'S1") + [
     "23", "<tool_call>", "<|im_end|>", "hello", " world", "\n\n\n", "x\ny", "A B",
 ]
 texts = st.lists(st.one_of(st.sampled_from(NASTY), st.text(max_size=6)), max_size=60).map("".join)
-LLAMA3 = next(p for p in tk.SAFE_SPLIT_PATTERNS if r"\p{N}{1,3}" in p)
+LLAMA3 = next(p for p in cutting.SAFE_SPLIT_PATTERNS if r"\p{N}{1,3}" in p)
 
 
-def trained(pre_tokenizer: object, tmp_path: Path, name: str) -> tk.HFTokenizer:
+def trained(pre_tokenizer: object, tmp_path: Path, name: str) -> hf.HFTokenizer:
     """A small byte-level BPE trained here (no download), saved as tokenizer.json."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -210,11 +211,11 @@ def trained(pre_tokenizer: object, tmp_path: Path, name: str) -> tk.HFTokenizer:
         vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|im_end|>"]))
     path = tmp_path / f"{name}.json"
     tok.save(str(path))
-    return tk.HFTokenizer(path)
+    return hf.HFTokenizer(path)
 
 
 @pytest.fixture(scope="module")
-def small_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> list[tk.HFTokenizer]:
+def small_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> list[hf.HFTokenizer]:
     from tokenizers import Regex, pre_tokenizers
 
     tmp = tmp_path_factory.mktemp("tok")
@@ -226,13 +227,13 @@ def small_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> list[tk.HFToke
     return [trained(gpt2, tmp, "gpt2"), trained(llama3, tmp, "llama3")]
 
 
-def whole(tok: tk.HFTokenizer, text: str) -> list[int]:
+def whole(tok: hf.HFTokenizer, text: str) -> list[int]:
     return tok._tok.encode(text, add_special_tokens=False).ids
 
 
-def pieces_equal_whole(tok: tk.HFTokenizer, batch: list[str]) -> None:
+def pieces_equal_whole(tok: hf.HFTokenizer, batch: list[str]) -> None:
     assert tok.cuttable
-    with mock.patch.object(tk, "PIECE_BYTES", 8), mock.patch.object(tk, "CUT_SEARCH", 16):
+    with mock.patch.object(hf, "PIECE_BYTES", 8), mock.patch.object(cutting, "CUT_SEARCH", 16):
         got = tok.encode_texts(pa.array(batch)).to_pylist()
     assert got == [whole(tok, t) for t in batch]
 
@@ -251,34 +252,34 @@ def test_cut_texts_encode_like_whole_ones_qwen(batch: list[str]) -> None:
     pieces_equal_whole(qwen(), batch)
 
 
-def qwen() -> tk.HFTokenizer:
+def qwen() -> hf.HFTokenizer:
     if not hasattr(qwen, "tok"):
-        qwen.tok = tk.HFTokenizer(QWEN)  # type: ignore[attr-defined]
+        qwen.tok = hf.HFTokenizer(QWEN)  # type: ignore[attr-defined]
     return qwen.tok  # type: ignore[attr-defined]
 
 
 def test_cut_points_are_only_the_two_safe_kinds() -> None:
     text = ("one two\nthree 四\u3000五\n\nsix.\nx " * 50).encode("utf-8")
     raw = np.frombuffer(text, np.uint8)
-    cuts = tk.cut_points(raw, 0, len(raw), 16)
+    cuts = cutting.cut_points(raw, 0, len(raw), 16)
     assert len(cuts) > 10 and np.all(np.diff(cuts) > 0) and cuts[0] > 0 and cuts[-1] < len(raw)
     for p in cuts.tolist():
         space = text[p] == 0x20 and chr(text[p - 1]).isalpha() and chr(text[p + 1]).isalpha()
         newline = text[p - 1] == 0x0A and not chr(text[p]).isspace() and text[p - 2] not in b" \n\r\t"
         assert space or newline, (p, text[p - 3 : p + 3])
-    assert tk.cut_points(np.frombuffer("数据模型".encode() * 40, np.uint8), 0, 480, 16).size == 0
+    assert cutting.cut_points(np.frombuffer("数据模型".encode() * 40, np.uint8), 0, 480, 16).size == 0
 
 
 def test_space_chars_cover_every_unicode_space() -> None:
     spaces = {chr(i) for i in range(0x110000) if chr(i).isspace()}
-    assert spaces <= set(tk.SPACE_CHARS)
+    assert spaces <= set(cutting.SPACE_CHARS)
 
 
 @needs_shared
 def test_which_tokenizers_are_cut() -> None:
     assert qwen().cuttable
     if PHI3.is_dir():  # Prepend("▁") normalizer and no pre-tokenizer: cutting would change ids
-        assert not tk.HFTokenizer(PHI3).cuttable
+        assert not hf.HFTokenizer(PHI3).cuttable
 
 
 def test_a_tokenizer_with_unsafe_parts_is_encoded_whole(tmp_path: Path) -> None:
@@ -296,9 +297,9 @@ def test_a_tokenizer_with_unsafe_parts_is_encoded_whole(tmp_path: Path) -> None:
     ):
         other = trained(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), tmp_path, "other")
         change(other._tok)
-        assert not tk.cuttable(other._tok)
+        assert not cutting.cuttable(other._tok)
         text = "hello world\n" * 40
-        with mock.patch.object(tk, "PIECE_BYTES", 8):
+        with mock.patch.object(hf, "PIECE_BYTES", 8):
             assert other.encode_texts(pa.array([text])).to_pylist() == [whole(other, text)]
 
 
@@ -308,9 +309,9 @@ def test_long_message_output_is_byte_identical(tmp_path: Path) -> None:
     lines = [chat_line(("word " * 40 + "\n") * 30), chat_line("short"), chat_line("数据\n模型 " * 200)]
     src = write(tmp_path / "in.jsonl", lines)
     flags = ["--tokenizer", str(QWEN), "--template", "chatml", "--seq-len", "512"]
-    with mock.patch.object(tk, "PIECE_BYTES", 1 << 30):
+    with mock.patch.object(hf, "PIECE_BYTES", 1 << 30):
         run(src, tmp_path / "whole", *flags)
-    with mock.patch.object(tk, "PIECE_BYTES", 64):
+    with mock.patch.object(hf, "PIECE_BYTES", 64):
         run(src, tmp_path / "cut", *flags)
     for part in ("data/train/part-00000.parquet", "turns/train/part-00000.parquet"):
         assert (tmp_path / "whole" / part).read_bytes() == (tmp_path / "cut" / part).read_bytes()

@@ -27,8 +27,8 @@ from etl.tokens.hf_template import (
     resolve_template_name,
     template_from_hf,
 )
+from etl.tokens.loading import load_tokenizer
 from etl.tokens.templates import PRESETS, resolve_template
-from etl.tokens.tokenizer import load_tokenizer
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "tiny_chat"
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"

@@ -1,0 +1,242 @@
+"""Hugging Face `tokenizers` tokenizers behind `TextTokenizer`: batched encoding of Arrow strings
+(long texts cut where `cutting` proves it safe), ids copied to numpy, token display strings."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import operator
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from etl.errors import EtlError
+from etl.tokens.cutting import cut_points, cuttable
+from etl.tokens.tokenizer import IDS_TIMING, as_large_string, offsets_to_list_array
+
+# Strings per encode_batch call: on one huge batch encode_batch_fast ran 1.1-1.7x slower than
+# encode_batch here; chunks of ~1k strings recover that and keep the Rust thread pool busy.
+ENCODE_CHUNK = 1024
+# Text bytes per encode_batch call too: the Encoding objects of a call hold ~260 B per token
+# (ids, type ids, token strings, offsets, masks) until their ids are copied out, so a call is
+# bounded by size as well as by count: ~80 MB for 1 MiB of Qwen2.5 text (4 MiB added ~0.1 GB
+# to the peak of bench/big_record.py). Chat turns are ~1 KiB: 1,024 of them still fit.
+ENCODE_BYTES = 1 << 20
+# A text longer than this is encoded in pieces of about this size (`cut_points`):
+# one encode of a 20 MB message peaked at 2.5 GB (bench/big_record.py) and ran on one thread.
+PIECE_BYTES = 1 << 16
+
+
+_IDS = operator.attrgetter("ids")
+
+
+def flatten_ids(batch: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(flat int32 ids, ids per encoding) of a batch of `tokenizers.Encoding`s.
+
+    `Encoding.ids` builds a Python list of Python ints (~40 ns a token, most of this step;
+    tokenizers has no buffer or numpy output), so the copy is at best one C-level pass over
+    those ints. Making each list only when `np.fromiter` reaches it, and dropping it right
+    after, keeps the ints in cache and holds one list at a time instead of ~40 B per token of
+    the whole batch: 20-30% less CPU than building every list first (bench/hot_path.py, T0's
+    13.7M Qwen2.5 tokens: 1.40 s -> 0.94 s). Building the lists first and converting them with
+    `pa.array(..., pa.large_list(pa.int32()))`, `np.concatenate` of per-list arrays or
+    `Encoding.merge` measured 15-60% slower than that.
+    """
+    lengths = np.fromiter(map(len, batch), dtype=np.int64, count=len(batch))
+    ids = itertools.chain.from_iterable(map(_IDS, batch))
+    return np.fromiter(ids, dtype=np.int32, count=int(lengths.sum())), lengths
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` tokenizer from `tokenizer.json` or a model directory."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        from tokenizers import Tokenizer
+
+        p = Path(path)
+        file = p / "tokenizer.json" if p.is_dir() else p
+        if not file.is_file():
+            raise EtlError(
+                f"tokenizer {path}: no tokenizer.json found; pass a tokenizer.json file, a Hugging "
+                "Face model directory that contains one, or `bytes`"
+            )
+        # Absolute, so the manifest's path loads from any folder (`etl inspect` run elsewhere).
+        self.path = str(file.resolve())
+        self.name = str(path)
+        raw = file.read_bytes()
+        self.sha256 = hashlib.sha256(raw).hexdigest()
+        try:
+            self._tok = Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception as exc:  # tokenizers raises a bare Exception for any bad file
+            raise EtlError(
+                f"tokenizer {path}: {file.name} is not a Hugging Face tokenizers file ({exc}); "
+                "pass a tokenizer.json or the model directory that holds one"
+            ) from exc
+        # Content is data, never control: special-token strings in content encode as text.
+        self._tok.encode_special_tokens = True
+        config = file.with_name("tokenizer_config.json")
+        self.config: dict[str, Any] = json.loads(config.read_text("utf-8")) if config.is_file() else {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode_texts(self, texts: pa.Array, *, timings: Counter[str] | None = None) -> pa.LargeListArray:
+        """Ids of every text, as if each were encoded whole.
+
+        Texts over `PIECE_BYTES` are cut where this tokenizer provably starts a new pre-token
+        (`cut_points`; tokenizers it cannot prove it for encode them whole), and pieces are
+        encoded a bounded number of bytes at a time, their ids copied to numpy per call: memory
+        follows `ENCODE_BYTES`, not the longest text, and a long text's pieces use every thread.
+
+        Args:
+            texts: strings without nulls.
+            timings: when given, receives the seconds of the ids copy under `IDS_TIMING`.
+        """
+        arr = as_large_string(texts)
+        bounds = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+        data = arr.buffers()[2]
+        raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+        cuts = [np.zeros(0, np.int64)]
+        if self.cuttable:
+            long = np.flatnonzero(np.diff(bounds) > PIECE_BYTES)
+            cuts += [cut_points(raw, int(bounds[i]), int(bounds[i + 1]), PIECE_BYTES) for i in long]
+        cut = np.concatenate(cuts)
+        # Cuts lie strictly inside their text, so sorting keeps every text's pieces together
+        # (an empty text stays one empty piece).
+        edges = np.sort(np.concatenate((bounds, cut)), kind="stable")
+        pieces = pa.LargeStringArray.from_buffers(len(edges) - 1, pa.py_buffer(edges), data)
+        per_text = 1 + np.bincount(np.searchsorted(bounds, cut, side="right") - 1, minlength=len(arr))
+        flat, piece_len, ids_seconds = self._encode_pieces(pieces, edges)
+        if timings is not None:
+            timings[IDS_TIMING] += ids_seconds
+        text_len = np.add.reduceat(piece_len, np.cumsum(per_text) - per_text) if len(arr) else piece_len
+        offsets = np.zeros(len(arr) + 1, dtype=np.int64)
+        np.cumsum(text_len, out=offsets[1:])
+        return offsets_to_list_array(flat, offsets)
+
+    def _encode_pieces(self, pieces: pa.LargeStringArray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """(flat int32 ids, ids per piece, seconds copying ids): batched calls of at most
+        ENCODE_CHUNK pieces and about ENCODE_BYTES of text; the tokenizer's batched call is the
+        one per-text step the pipeline has (DESIGN §3)."""
+        flats, lengths = [np.zeros(0, np.int32)], [np.zeros(0, np.int64)]
+        start, ids_seconds = 0, 0.0
+        while start < len(pieces):
+            by_bytes = int(np.searchsorted(edges, edges[start] + ENCODE_BYTES, side="right")) - 1
+            stop = max(start + 1, min(start + ENCODE_CHUNK, by_bytes, len(pieces)))
+            batch = self._tok.encode_batch_fast(pieces.slice(start, stop - start).to_pylist(), add_special_tokens=False)
+            started = time.perf_counter()
+            flat, length = flatten_ids(batch)
+            del batch  # the Encodings are the bulk of a call's memory
+            ids_seconds += time.perf_counter() - started
+            flats.append(flat)
+            lengths.append(length)
+            start = stop
+        return np.concatenate(flats), np.concatenate(lengths), ids_seconds
+
+    @property
+    def cuttable(self) -> bool:
+        """Whether long texts may be cut at `cut_points` without changing a single id."""
+        if not hasattr(self, "_cuttable_cache"):
+            self._cuttable_cache = cuttable(self._tok)
+        return self._cuttable_cache
+
+    def encode(self, text: str) -> list[int]:
+        """Encode one string as text (the interface `etl.sft` expects)."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def special_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def special_strip(self, token: str) -> tuple[bool, bool]:
+        """(lstrip, rstrip) of an added token: whether it swallows whitespace on that side."""
+        for added in self._tok.get_added_tokens_decoder().values():
+            if added.content == token:
+                return bool(added.lstrip), bool(added.rstrip)
+        return False, False
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """Display text per id; a character split over several tokens (CJK, emoji in byte-level
+        BPE or byte fallback) shows whole on its first token and as "" on the rest."""
+        return join_utf8_pieces([self._token_bytes(int(i)) for i in ids], ids, self._tok)
+
+    def _token_bytes(self, tid: int) -> bytes | None:
+        """The raw bytes a token stands for; None for added tokens (shown by their content)."""
+        token = self._tok.id_to_token(tid)
+        if token is None or tid in self._added_ids:
+            return None
+        if self._byte_level:
+            return bytes(_BYTE_DECODER.get(ch, 0x3F) for ch in token)
+        if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):  # byte fallback
+            return bytes([int(token[3:5], 16)])
+        return token.replace("\u2581", " ").encode("utf-8")
+
+    @property
+    def _added_ids(self) -> set[int]:
+        if not hasattr(self, "_added_cache"):
+            self._added_cache = set(self._tok.get_added_tokens_decoder())
+        return self._added_cache
+
+    @property
+    def _byte_level(self) -> bool:
+        if not hasattr(self, "_byte_level_cache"):
+            spec = json.loads(self._tok.to_str())
+            self._byte_level_cache = (spec.get("decoder") or {}).get("type") == "ByteLevel"
+        return self._byte_level_cache
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table that byte-level BPE vocabularies are written in."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars = keep[:]
+    extra = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(keep, map(chr, chars), strict=True))
+
+
+_BYTE_DECODER = {ch: b for b, ch in _bytes_to_unicode().items()}
+
+
+def join_utf8_pieces(pieces: list[bytes | None], ids: Sequence[int], tok: Any) -> list[str]:
+    """Decode token byte pieces for display, joining the pieces of one character.
+
+    A piece that is not valid UTF-8 alone is joined with the following pieces (up to 4) until
+    the bytes decode; the text goes on the first token of the group, "" on the others. Added
+    tokens (None) show their content.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(pieces):
+        if pieces[i] is None:
+            out.append(tok.id_to_token(int(ids[i])) or "")
+            i += 1
+            continue
+        text, width = _decode_group(pieces, i)
+        out.extend([text] + [""] * (width - 1))
+        i += width
+    return out
+
+
+def _decode_group(pieces: list[bytes | None], i: int) -> tuple[str, int]:
+    for j in range(i + 1, min(i + 5, len(pieces)) + 1):
+        if pieces[j - 1] is None:
+            break
+        try:
+            return b"".join(pieces[i:j]).decode("utf-8"), j - i  # type: ignore[arg-type]
+        except UnicodeDecodeError:
+            continue
+    return pieces[i].decode("utf-8", errors="replace"), 1  # type: ignore[union-attr]
