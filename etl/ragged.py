@@ -67,6 +67,26 @@ class Ragged:
         return Ragged(self.ids, self.starts[order], self.lengths[order], self.mask, self.weight)
 
 
+@dataclass(frozen=True)
+class PackedBatch:
+    """B packed rows (`etl.packing`): each row is its pieces back to back, then padding.
+
+    Attributes:
+        pieces: one example range per piece, in row order (row 0's pieces first).
+        row: (P,) int64 batch row of each piece, non-decreasing.
+        segment: (P,) int64 1-based document number of each piece inside its row; consecutive
+            pieces of one example share it.
+        num_rows: B (rows with no piece are all padding).
+        trained: (P,) bool, False where the packer masks the piece's loss (seed 001), or None.
+    """
+
+    pieces: Ragged
+    row: np.ndarray
+    segment: np.ndarray
+    num_rows: int
+    trained: np.ndarray | None = None
+
+
 def concat(parts: Sequence[Ragged]) -> Ragged:
     """Join compact `Ragged` parts into one (copies their tokens once).
 

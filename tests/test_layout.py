@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "etl"
 # Stage families from the bottom up: each may import only those before it (and top-level
 # modules listed before it). What a newcomer should see in `ls etl/`.
 LAYERS = [
-    "errors", "columns", "ragged", "ui", "formats", "config", "ingest", "tokens", "output",
+    "errors", "columns", "ragged", "ui", "formats", "config", "ingest", "tokens", "output", "packing",
     "pipeline", "analysis", "loader", "sft", "torch", "commands", "cli", "__main__",
 ]
 
@@ -80,6 +80,6 @@ def test_families_import_only_the_ones_below():
 def test_top_level_shows_the_stage_families():
     folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     assert {"config", "ingest", "formats", "tokens", "pipeline", "output", "analysis", "ui",
-            "loader", "commands"} <= folders
+            "loader", "commands", "packing"} <= folders
     flat = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert flat == ["__init__", "__main__", "cli", "columns", "errors", "ragged", "sft", "torch"]
