@@ -53,6 +53,16 @@ def resolve_pad_id(pad_id: int | None, manifest: Mapping[str, Any] | None) -> in
     )
 
 
+def resolve_eos_id(eos_id: int | None, manifest: Mapping[str, Any] | None) -> int | None:
+    """The id ``train_on_eos=False`` masks: explicit, else the manifest's last ``eos_ids``
+    (the template's end of sequence), else its ``eot_id``; None when the manifest has neither."""
+    if eos_id is not None:
+        return int(eos_id)
+    eos = (manifest or {}).get("eos_ids") or []
+    value = eos[-1] if eos else (manifest or {}).get("eot_id")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def gather_padded(
     batch: Ragged, *, width: int, pad_id: int, truncation: Truncation = "right"
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:

@@ -17,9 +17,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from etl.errors import EtlError, EtlWarning
-from etl.loader.collate import COLLATE_FNS, Truncation, resolve_pad_id
+from etl.loader.collate import COLLATE_FNS, Truncation, resolve_eos_id, resolve_pad_id
 from etl.loader.dataset import ParquetDataset
 from etl.loader.device import TorchCollate, resolve_device, to_device
+from etl.loader.pack_sampler import make_pack_sampler
 from etl.loader.samplers import SAMPLERS, EpochSampler, RandomSampler
 
 
@@ -103,6 +104,17 @@ class ParquetLoader:
         cache_mb: more row groups are kept while they fit in this budget (per worker).
         weights: deliver ``loss_weight`` when the data has it; None (default) does so whenever
             the column exists (per-message weights are part of the data), False ignores it.
+        packing: ``bfd``, ``ffd``, ``sequential`` or ``stream``: batches of B packed rows of at most
+            S tokens (README "Packing"); `etl pack`'s index is used when it matches strategy, S
+            and ``pack_options``, else each epoch is packed online with ``seed + epoch``. Batches
+            add ``segment_ids``, ``position_ids``, ``cu_seqlens``, ``max_seqlen`` and
+            ``segment_trained``; ``collate`` and ``min_tokens`` do not apply with an index.
+        pack_options: packer keywords (``buffer_docs``, ``max_docs_per_bin``).
+        target: ``y`` (x/y, shifted here) or ``labels`` (input_ids/labels, the model shifts;
+            seed 003); packed batches only.
+        mask_boundary_loss: packed: no label predicts the next document's first token (seed 003).
+        train_on_eos: packed: False sets every label equal to ``eos_id`` to -100 (seed 003).
+        eos_id: default the manifest's last ``eos_ids``, else its ``eot_id``.
     """
 
     def __init__(
@@ -132,6 +144,12 @@ class ParquetLoader:
         cache_row_groups: int = 8,
         cache_mb: float = 256,
         weights: bool | None = None,
+        packing: str | None = None,
+        pack_options: dict[str, Any] | None = None,
+        target: Literal["y", "labels"] = "y",
+        mask_boundary_loss: bool = True,
+        train_on_eos: bool = True,
+        eos_id: int | None = None,
     ):
         _check_choice("sampler", sampler, sorted(SAMPLERS))
         _check_choice("collate", collate, sorted(COLLATE_FNS))
@@ -146,14 +164,29 @@ class ParquetLoader:
         self.pad_id = resolve_pad_id(pad_id, manifest)
         self.rank, self.world_size = _rank_world(rank, world_size)
         self.device = resolve_device(device)
-        self.sampler = self._make_sampler(
-            sampler, batch_size=batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last,
-            window=window, num_batches=num_batches, num_workers=num_workers,
-        )
-        self.collate_fn = self._make_collate(
-            collate, pad_multiple=pad_multiple, use_loss_mask=use_loss_mask, truncation=truncation,
-            mask_dtype=mask_dtype,
-        )
+        common = {"batch_size": batch_size, "seed": seed, "shuffle": shuffle, "drop_last": drop_last}
+        if packing is None:
+            self.sampler = self._make_sampler(sampler, window=window, num_batches=num_batches,
+                                              num_workers=num_workers, **common)
+            self.collate_fn = self._make_collate(
+                collate, pad_multiple=pad_multiple, use_loss_mask=use_loss_mask,
+                truncation=truncation, mask_dtype=mask_dtype,
+            )
+        else:
+            _check_choice("target", target, ["labels", "y"])
+            if sampler != "epoch":
+                raise EtlError("packing works with sampler='epoch' (every pack once per epoch)")
+            self.sampler = make_pack_sampler(
+                self.dataset, strategy=packing, seq_len=self.seq_len, options=pack_options,
+                blocks=self.dataset.row_groups if window and shuffle else 0, mix=max(window, 1),
+                truncation=truncation, rank=self.rank, world_size=self.world_size, **common,
+            )
+            self.collate_fn = TorchCollate("packed", {
+                "seq_len": self.seq_len, "pad_id": self.pad_id, "use_loss_mask": use_loss_mask,
+                "mask_dtype": np.float32 if mask_dtype == "float32" else np.bool_,
+                "target": target, "mask_boundary_loss": mask_boundary_loss,
+                "train_on_eos": train_on_eos, "eos_id": resolve_eos_id(eos_id, manifest),
+            })
         self.num_workers = num_workers
         self.dataloader = DataLoader(
             self.dataset, batch_sampler=self.sampler, collate_fn=self.collate_fn,
@@ -229,7 +262,9 @@ class ParquetLoader:
         """What the batches are made of: the split's parts (a digest of their manifest entries),
         the rows used, and the options that shape a batch. A resume must find all of it equal."""
         ds, collate = self.dataset, self.collate_fn
-        shape = {k: collate.options[k] for k in ("pad_id", "pad_multiple", "truncation", "use_loss_mask")}
+        keys = ("pad_id", "pad_multiple", "truncation", "use_loss_mask", "target", "mask_boundary_loss",
+                "train_on_eos", "eos_id")
+        shape = {k: collate.options[k] for k in keys if k in collate.options}
         return {"fingerprint": ds.fingerprint, "dst": str(ds.dst), "split": ds.split, "rows": len(ds),
                 "seq_len": self.seq_len, "collate": collate.strategy, **shape}
 

@@ -21,7 +21,8 @@ from etl.columns import DATA_DIR, INPUT_IDS, LOSS_MASK, LOSS_WEIGHT, NUM_TOKENS
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
 from etl.output.parts import fingerprint, listed_parts, listed_splits, open_part
-from etl.ragged import Ragged, concat, from_arrow
+from etl.loader.pack_sampler import PackRequest
+from etl.ragged import PackedBatch, Ragged, concat, from_arrow
 
 
 class ParquetDataset(torch.utils.data.Dataset):
@@ -176,13 +177,30 @@ class ParquetDataset(torch.utils.data.Dataset):
             self._cached_bytes -= _nbytes(self._cache.popitem(last=False)[1])
         return ragged
 
-    def _locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        rows = self._global_rows(indices)
+    def _locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row group, row inside it) of global rows."""
         groups = np.searchsorted(self._group_start, rows, side="right") - 1
         return groups, rows - self._group_start[groups]
 
+    def global_rows(self) -> np.ndarray:
+        """(len,) global row (over the split's listed parts) of every example of the dataset."""
+        return self._global_rows(np.arange(len(self), dtype=np.int64))
+
+    def example_lengths(self) -> np.ndarray:
+        """(len,) int64 tokens of every example: the ``num_tokens`` column (4 bytes a row)."""
+        lengths = []
+        for f, path in enumerate(self.files):
+            pf = self._handles.get(f) or open_part(path)
+            if NUM_TOKENS in pf.schema_arrow.names:
+                column = pf.read(columns=[NUM_TOKENS])[0]
+            else:  # older files: derive lengths from the ids column (reads it once)
+                column = pc.list_value_length(pf.read(columns=[INPUT_IDS])[0])
+            lengths.append(column.to_numpy().astype(np.int64, copy=False))
+        every = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+        return every if self._rows is None else every[self._rows]
+
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        groups, local = self._locate(np.array([index], dtype=np.int64))
+        groups, local = self._locate(self._global_rows(np.array([index], dtype=np.int64)))
         rg = self._row_group(int(groups[0]))
         start = int(rg.starts[local[0]])
         span = slice(start, start + int(rg.lengths[local[0]]))
@@ -191,17 +209,32 @@ class ParquetDataset(torch.utils.data.Dataset):
             item[LOSS_WEIGHT] = rg.weight[span]
         return item
 
-    def __getitems__(self, indices: list[int]) -> Ragged:
-        """A whole batch: one pass per row group touched (not per example), in the order asked."""
-        groups, local = self._locate(np.asarray(indices, dtype=np.int64))
+    def __getitems__(self, indices: list[int] | PackRequest) -> Ragged | PackedBatch:
+        """A whole batch in the order asked: rows (a `Ragged`), or the pieces of packs (a
+        `PackedBatch`) when the sampler is a `PackSampler`."""
+        if isinstance(indices, PackRequest):
+            return self._pieces(indices)
+        return self._take(self._global_rows(np.asarray(indices, dtype=np.int64)))
+
+    def _pieces(self, req: PackRequest) -> PackedBatch:
+        """Each piece as a range of its example's tokens (the examples are copied once)."""
+        docs = self._take(np.asarray(req.rows, dtype=np.int64))
+        if np.any(req.start + req.length > docs.lengths):
+            raise EtlError(f"a pack reaches past its example in {self.dst}; rerun `etl pack`")
+        pieces = Ragged(docs.ids, docs.starts + req.start, req.length, docs.mask, docs.weight)
+        return PackedBatch(pieces, req.row, req.segment, req.num_rows, req.trained)
+
+    def _take(self, rows: np.ndarray) -> Ragged:
+        """Examples at global ``rows``: one pass per row group touched (not per example)."""
+        groups, local = self._locate(rows)
         parts, positions = [], []
         for g in np.unique(groups):  # a handful of row groups per batch under block shuffling
             sel = np.flatnonzero(groups == g)
             parts.append(self._row_group(int(g)).take(local[sel]))
             positions.append(sel)
         joined = concat(parts)
-        inverse = np.empty(len(indices), dtype=np.int64)
-        inverse[np.concatenate(positions)] = np.arange(len(indices))
+        inverse = np.empty(len(rows), dtype=np.int64)
+        inverse[np.concatenate(positions)] = np.arange(len(rows))
         return joined.reorder(inverse)
 
 

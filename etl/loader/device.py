@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from etl.loader.collate import collate
-from etl.ragged import Ragged
+from etl.loader.collate_packed import collate_packed
+from etl.ragged import PackedBatch, Ragged
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -65,10 +66,12 @@ class TorchCollate:
         options: keyword arguments of that collate function (seq_len, pad_id, ...).
     """
 
-    strategy: str = "fixed"
+    strategy: str = "fixed"  # "packed" for a PackedBatch (etl.loader.collate_packed)
     options: dict[str, Any] = field(default_factory=dict)
 
     def __call__(
-        self, batch: Ragged | Sequence[Mapping[str, np.ndarray]]
+        self, batch: Ragged | PackedBatch | Sequence[Mapping[str, np.ndarray]]
     ) -> dict[str, torch.Tensor]:
+        if isinstance(batch, PackedBatch):
+            return to_torch(collate_packed(batch, **self.options))
         return to_torch(collate(batch, strategy=self.strategy, **self.options))

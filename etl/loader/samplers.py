@@ -164,8 +164,13 @@ class _BatchSampler(abc.ABC):
         epoch, batches = self.epoch, self.batches(self.epoch)
         while self.position < len(batches):
             self.position += 1
-            yield batches[self.position - 1].tolist()
+            yield self._deliver(epoch, batches[self.position - 1])
         self.epoch, self.position = epoch + 1, 0
+
+    def _deliver(self, epoch: int, batch: np.ndarray) -> Any:
+        """What the DataLoader hands to ``dataset.__getitems__`` for one batch: its row ids."""
+        del epoch
+        return batch.tolist()
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch (torch's DistributedSampler convention)."""

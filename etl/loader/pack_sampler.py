@@ -1,0 +1,199 @@
+"""Batches of packs: each epoch's packing (online, from ``seed + epoch``) or `etl pack`'s index.
+
+The sampler owns the packing, a pure function of (seed + epoch, strategy, S), so DataLoader
+workers share no state: a batch is delivered as a `PackRequest` (the pieces of its B packs) and
+the dataset turns it into a `PackedBatch`. Resume and rank sharding work as for rows, by packs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from etl.errors import EtlError, EtlWarning
+from etl.loader.samplers import _BatchSampler, epoch_order, split_for_rank
+from etl.packing.index import PackIndex, read_pack_index
+from etl.packing.pieces import Packing
+from etl.packing.registry import PACKERS, pack
+
+if TYPE_CHECKING:  # dataset.py imports this module for PackRequest
+    from etl.loader.dataset import ParquetDataset
+
+# Packers that place whole examples (one piece each, clipped to S): the only ones where the
+# loader's `truncation` picks which end of a too-long example survives.
+WHOLE_EXAMPLE = frozenset({"bfd", "ffd"})
+
+
+@dataclass(frozen=True)
+class PackRequest:
+    """One batch of packs as pieces; what the sampler hands to ``ParquetDataset.__getitems__``.
+
+    Attributes:
+        rows: (P,) global row (in the split's listed parts) of each piece's example.
+        start, length: (P,) token range of each piece inside its example.
+        row: (P,) batch row of each piece; segment: (P,) its 1-based document in that row.
+        num_rows: B.
+        trained: (P,) bool piece flags (seed 001), or None.
+    """
+
+    rows: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    row: np.ndarray
+    segment: np.ndarray
+    num_rows: int
+    trained: np.ndarray | None = None
+
+
+def request_for(packing: Packing, packs: np.ndarray, doc_rows: np.ndarray | None) -> PackRequest:
+    """The pieces of ``packs`` (in that order); ``doc_rows`` maps their docs to global rows
+    (None: the docs are global rows already, as in a pack index)."""
+    sub = packing.take_packs(packs)
+    return PackRequest(
+        rows=sub.doc if doc_rows is None else doc_rows[sub.doc], start=sub.start, length=sub.length, row=sub.pack,
+        segment=sub.segments(), num_rows=len(packs), trained=sub.trained,
+    )
+
+
+def keep_end(packing: Packing, lengths: np.ndarray, truncation: str) -> Packing:
+    """Left truncation of clipped whole examples: keep the last S tokens, not the first."""
+    if truncation != "left":
+        return packing
+    return replace(packing, start=lengths[packing.doc] - packing.length)
+
+
+def online_packing(
+    lengths: np.ndarray,
+    *,
+    strategy: str,
+    seq_len: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    blocks: int | np.ndarray = 0,
+    mix: int = 1,
+    truncation: str = "right",
+    options: dict[str, Any] | None = None,
+) -> Packing:
+    """Shuffle the examples with ``seed + epoch`` (as `epoch_order` does), then pack them.
+
+    Returns:
+        A `Packing` whose ``doc`` indexes ``lengths`` (the dataset's rows).
+    """
+    order = epoch_order(len(lengths), seed=seed, epoch=epoch, shuffle=shuffle, blocks=blocks, mix=mix)
+    packing = pack(strategy, lengths[order], seq_len=seq_len, seed=seed + epoch, **(options or {}))
+    packing = replace(packing, doc=order[packing.doc])
+    return keep_end(packing, lengths, truncation) if strategy in WHOLE_EXAMPLE else packing
+
+
+class PackSampler(_BatchSampler):
+    """Batches of ``batch_size`` packs per rank; the pack order is shuffled every epoch.
+
+    Args:
+        lengths: (N,) tokens of every dataset row.
+        doc_rows: (N,) global row of every dataset row (`ParquetDataset.global_rows`).
+        batch_size: packs per batch on this rank.
+        strategy: a key of `etl.packing.registry.PACKERS`.
+        seq_len: S, the most tokens a pack holds.
+        seed: base seed; epoch e packs (online) and orders packs with ``seed + e``.
+        index: `etl pack`'s index for this split (same strategy and S), or None to pack online.
+        shuffle: False keeps the examples' order and the pack order.
+        drop_last: drop the packs that cannot fill a batch on every rank.
+        blocks, mix: block shuffling of the examples before online packing (`epoch_order`).
+        truncation: which end of an example longer than S a whole-example packer keeps.
+        options: packer keywords (``buffer_docs``, ``max_docs_per_bin``).
+        rank, world_size: this process among the training ranks.
+    """
+
+    kind = "pack"
+
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        *,
+        doc_rows: np.ndarray,
+        batch_size: int,
+        strategy: str,
+        seq_len: int,
+        seed: int = 0,
+        index: PackIndex | None = None,
+        shuffle: bool = True,
+        drop_last: bool = True,
+        blocks: int | np.ndarray = 0,
+        mix: int = 1,
+        truncation: str = "right",
+        options: dict[str, Any] | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        super().__init__(len(lengths), batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
+        self.lengths, self.doc_rows, self.index = lengths, doc_rows, index
+        self.strategy, self.seq_len, self.options = strategy, seq_len, dict(options or {})
+        self.shuffle, self.drop_last, self.blocks, self.mix = shuffle, drop_last, blocks, mix
+        self.truncation = truncation
+        self._packing: tuple[int, Packing] | None = None
+
+    def _fingerprint(self) -> dict[str, Any]:
+        source = "index" if self.index is not None else "online"
+        return {**super()._fingerprint(), "strategy": self.strategy, "seq_len": self.seq_len,
+                "options": self.options, "source": source, "shuffle": self.shuffle,
+                "drop_last": self.drop_last, "truncation": self.truncation}
+
+    def packing(self, epoch: int) -> Packing:
+        """The packs of ``epoch`` (``doc`` = dataset row online, global row from an index)."""
+        if self._packing is None or self._packing[0] != epoch:
+            if self.index is not None:
+                packing = self.index.packing
+            else:
+                packing = online_packing(
+                    self.lengths, strategy=self.strategy, seq_len=self.seq_len, seed=self.seed,
+                    epoch=epoch, shuffle=self.shuffle, blocks=self.blocks, mix=self.mix,
+                    truncation=self.truncation, options=self.options,
+                )
+            self._packing = (epoch, packing)
+        return self._packing[1]
+
+    def _batches(self, epoch: int) -> list[np.ndarray]:
+        num_packs = self.packing(epoch).num_packs
+        if self.drop_last and num_packs < self.batch_size * self.world_size:
+            raise EtlError(
+                f"{num_packs} packs cannot fill one batch of {self.batch_size} on {self.world_size} "
+                "rank(s) with drop_last; lower batch_size or set drop_last=False"
+            )
+        order = np.arange(num_packs, dtype=np.int64)
+        if self.shuffle:  # its own stream: the example shuffle already drew from seed + epoch
+            order = np.random.default_rng((self.seed + epoch, 1)).permutation(num_packs)
+        return split_for_rank(order, batch_size=self.batch_size, drop_last=self.drop_last,
+                              rank=self.rank, world_size=self.world_size)
+
+    def _deliver(self, epoch: int, batch: np.ndarray) -> PackRequest:
+        doc_rows = None if self.index is not None else self.doc_rows  # an index holds global rows
+        return request_for(self.packing(epoch), batch, doc_rows)
+
+
+def make_pack_sampler(
+    dataset: ParquetDataset, *, strategy: str, seq_len: int, options: dict[str, Any] | None, **common: Any
+) -> PackSampler:
+    """A `PackSampler` over ``dataset``: `etl pack`'s index when it was built with this strategy,
+    S and options, else online packing every epoch (with a note saying why the index was not used).
+
+    Args:
+        dataset: the split's `ParquetDataset`.
+        strategy, seq_len, options: what to pack with.
+        **common: the other `PackSampler` arguments (batch_size, seed, shuffle, rank, ...).
+    """
+    if strategy not in PACKERS:
+        raise EtlError(f"unknown packing {strategy!r}; choose one of {sorted(PACKERS)}")
+    index = read_pack_index(dataset.dst, dataset.split)
+    wanted = {"strategy": strategy, "seq_len": seq_len, "options": dict(options or {})}
+    if index is not None:
+        found = {"strategy": index.strategy, "seq_len": index.seq_len, "options": dict(index.options)}
+        if found != wanted:
+            warnings.warn(f"{dataset.dst}: the pack index was built with {found}, not {wanted}; "
+                          "packing online every epoch instead", EtlWarning, stacklevel=3)
+            index = None
+    return PackSampler(dataset.example_lengths(), doc_rows=dataset.global_rows(), strategy=strategy,
+                       seq_len=seq_len, index=index, options=options, **common)
