@@ -157,6 +157,8 @@ CONFIGS = [
     ("workers=0 full shuffle", {"num_workers": 0, "shuffle_window": None}),
     ("workers=2 full shuffle", {"num_workers": 2, "shuffle_window": None}),
     ("workers=0 block, collate=longest", {"num_workers": 0, "collate": "longest"}),
+    ("workers=0 packing=bfd (online per epoch)", {"num_workers": 0, "packing": "bfd"}),
+    ("workers=2 packing=bfd (online per epoch)", {"num_workers": 2, "packing": "bfd"}),
 ]
 
 
