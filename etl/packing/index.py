@@ -131,8 +131,11 @@ def build_pack_index(
     Raises:
         EtlError: DST is not a finished output, the split has no data, or an option is invalid.
     """
-    from etl.packing.registry import pack  # the packers' numpy code, only when packing
+    from etl.packing.registry import PACKERS, pack  # the packers' numpy code, only when packing
 
+    if strategy not in PACKERS:
+        raise EtlError(f"packing strategy {strategy!r} is not available here; choose one of "
+                       f"{', '.join(sorted(PACKERS))}")
     if truncation not in c.PACK_TRUNCATIONS:
         raise EtlError(f"truncation must be one of {', '.join(c.PACK_TRUNCATIONS)}, got {truncation!r}")
     if int(seq_len) < 1:
