@@ -84,7 +84,7 @@ def describe_pack(pack: dict[str, Any]) -> list[str]:
     examples = len({piece["row"] for piece in pack["pieces"]})
     where = f"pack {pack['pack']} of {pack['num_packs']:,} in {pack['split']}"
     fill = f"tokens {n} ({n / s:.4f} of seq_len, {s - n} padding)"
-    held = f"{len(pack['pieces'])} pieces of {examples} examples"
+    held = f"pieces {len(pack['pieces'])} · examples {examples}"
     return [f"{where} · strategy {pack['strategy']} · seq_len {s}",
             f"{fill} · trained {sum(pack[C.LOSS_MASK])} · {held}"]
 

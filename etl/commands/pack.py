@@ -92,9 +92,9 @@ def run(args: argparse.Namespace) -> int:
         seconds[split] = time.perf_counter() - started
         if clipped := indexes[split].clipped:
             kept = "first" if args.truncation == "right" else "last"
-            print(f"etl pack: warning: {split}: {clipped:,} examples are longer than {seq_len:,} "
-                  f"tokens and keep their {kept} {seq_len:,} (--truncation; or pack with a larger "
-                  "--seq-len, or --strategy sequential to split them)", file=sys.stderr)
+            print(f"etl pack: warning: {split}: examples longer than {seq_len:,} tokens: {clipped:,}; "
+                  f"they keep their {kept} {seq_len:,} (--truncation; or pack with a larger --seq-len, "
+                  "or --strategy sequential to split them)", file=sys.stderr)
     started = time.perf_counter()
     write_pack_index(args.dst, indexes)
     write = (time.perf_counter() - started) / max(1, len(indexes))  # one writer for all splits
