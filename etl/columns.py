@@ -34,6 +34,15 @@ EXPORT_FILE = "_export.json"
 JOURNAL_FILE = "_journal.jsonl"
 LOCK_FILE = "_lock"
 SPLITS = ("train", "val")
+# `etl pack` (DESIGN §6): the pack index DST/packs/<split>/part-*.parquet, its writer's record
+# `_packs.json`, and the manifest key that copies the record's per-split summary.
+PACKS_DIR = "packs"
+PACKS_FILE = "_packs.json"
+MANIFEST_PACKS = "packs"
+# Names `etl pack --strategy` accepts and `_packs.json` records; etl.packing.registry.PACKERS
+# holds the functions (tests keep the two equal). Kept here so `etl --help` imports no numpy.
+PACK_STRATEGIES = ("bfd", "ffd", "sequential", "stream")
+PACK_TRUNCATIONS = ("right", "left")  # an example longer than S keeps its first / last S tokens
 
 # `data` columns (contract).
 ID = "id"
@@ -76,6 +85,15 @@ POS = "pos"  # start of the turn in the conversation before the hard cut
 CUT = "cut"  # start of the kept window in the conversation
 WINDOW = "window"  # length of the kept window (<= seq_len)
 TOTAL = "total"  # conversation length after whole-turn dropping, before the hard cut
+
+# Pack index columns (contract, DESIGN §6): one row per pack, one list item per piece (a token
+# range of one example), plus NUM_TOKENS of the pack.
+PACK_ID = "pack_id"
+PIECE_IDS = "ids"  # example id of each piece
+PIECE_ROWS = "rows"  # the example's global row in its split's data parts (manifest order)
+PIECE_OFFSETS = "offsets"  # first token of the piece inside its example
+PIECE_LENGTHS = "lengths"
+PIECE_TRAINED = "trained"  # False where the packer masks the piece (seed 001)
 
 # `_rejects` columns.
 REASON = "reason"

@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from etl import columns as C
+from etl.analysis.inspect_render import (
+    TRAIN_CLOSE,
+    TRAIN_OPEN,
+    plain_body,
+    rich_body,
+    rich_legend,
+)
 from etl.errors import EtlError
 from etl.tokens.loading import load_tokenizer, load_tokenizer_from_manifest
 from etl.tokens.tokenizer import BYTES, TextTokenizer
 
-TRAIN_OPEN, TRAIN_CLOSE = "[[", "]]"
-# Two shades per kind: neighbouring tokens alternate, so token boundaries show in the terminal.
-# Named 256-colour shades: on 16-colour terminals they fall back to green / grey, not to one grey.
-RICH_BG = {True: ("green4", "dark_green"), False: ("grey19", "grey30")}
-RICH_FG = {True: "bold white", False: "grey70"}
-SPECIAL_STYLE = "bold magenta"
-TURN_STYLE = "bold cyan"
 SHA_SHOWN = 12  # hex digits of a sha256 in messages: enough to tell two tokenizer files apart
 
 
@@ -189,28 +189,8 @@ def render_plain(
         token_sep: written between neighbouring tokens of a run, to show token boundaries.
     """
     out = [*describe(example, turns), f"legend: {TRAIN_OPEN}trained tokens{TRAIN_CLOSE}", ""]
-    text: list[str] = []
-    starts = _turn_starts(turns)
-    trained_run = False
-    mask = example[C.LOSS_MASK]
-    for pos, piece in enumerate(strings):
-        trained = bool(mask[pos])
-        if pos in starts or trained != trained_run:
-            if trained_run:
-                text.append(TRAIN_CLOSE)
-            for turn in starts.get(pos, ()):
-                if text and not text[-1].endswith("\n"):
-                    text.append("\n")
-                text.append(turn_marker(turn) + "\n")
-            if trained:
-                text.append(TRAIN_OPEN)
-            trained_run = trained
-        elif pos:
-            text.append(token_sep)
-        text.append(_printable(piece))
-    if trained_run:
-        text.append(TRAIN_CLOSE)
-    return "\n".join(out) + "\n" + "".join(text).rstrip("\n") + "\n"
+    body = plain_body(example[C.LOSS_MASK], strings, _turn_markers(turns), token_sep=token_sep)
+    return "\n".join(out) + "\n" + body
 
 
 def render_rich(
@@ -224,28 +204,9 @@ def render_rich(
     from rich.text import Text
 
     header = Text("\n".join(describe(example, turns)), style="bold")
-    legend = Text.assemble(
-        ("legend: ", "dim"),
-        ("trained", _style(True, 0, special=False)),
-        " ",
-        ("not trained", _style(False, 0, special=False)),
-        " ",
-        ("special", _style(False, 0, special=True)),
-    )
-    body = Text()
-    starts = _turn_starts(turns)
-    for pos, (tid, piece) in enumerate(zip(example[C.INPUT_IDS], strings)):
-        for turn in starts.get(pos, ()):
-            if body.plain and not body.plain.endswith("\n"):
-                body.append("\n")
-            body.append(turn_marker(turn) + "\n", style=TURN_STYLE)
-        style = _style(bool(example[C.LOSS_MASK][pos]), pos, special=tid in special_ids)
-        shown = _printable(piece)
-        # A newline token shows as a visible mark, then breaks the line as the text does.
-        body.append(shown.replace("\n", "↵"), style=style)
-        if "\n" in shown:
-            body.append("\n")
-    return [header, legend, Text(""), body]
+    body = rich_body(example[C.INPUT_IDS], example[C.LOSS_MASK], strings, _turn_markers(turns),
+                     special_ids=special_ids)
+    return [header, rich_legend(), Text(""), body]
 
 
 def _join_utf8(ids: Sequence[int], strings: list[str]) -> list[str]:
@@ -275,21 +236,13 @@ def _join_utf8(ids: Sequence[int], strings: list[str]) -> list[str]:
     return out
 
 
-def _style(trained: bool, pos: int, *, special: bool) -> str:
-    return f"{SPECIAL_STYLE if special else RICH_FG[trained]} on {RICH_BG[trained][pos % 2]}"
-
-
-def _turn_starts(turns: Sequence[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
-    starts: dict[int, list[dict[str, Any]]] = {}
+def _turn_markers(turns: Sequence[dict[str, Any]]) -> dict[int, list[str]]:
+    """The marker lines of the kept turns, by the position where each starts."""
+    starts: dict[int, list[str]] = {}
     for turn in turns:
         if turn[C.KEPT] and turn[C.START] is not None and turn[C.START] >= 0:
-            starts.setdefault(turn[C.START], []).append(turn)
+            starts.setdefault(turn[C.START], []).append(turn_marker(turn))
     return starts
-
-
-def _printable(piece: str) -> str:
-    # Control characters other than newline and tab would move the cursor or ring the bell.
-    return "".join(c if c in "\n\t" or c.isprintable() else f"\\x{ord(c):02x}" for c in piece)
 
 
 def _split_files(dst: str | os.PathLike[str], folder: str, split: str) -> list[Path]:

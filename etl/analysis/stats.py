@@ -1,8 +1,9 @@
 """Token statistics of an etl output: run the DuckDB queries of `sql/` over DST, get Arrow tables.
 
 One query per file `sql/<name>.sql`. Inputs are bound, never formatted in: `$data`, `$turns`,
-`$rejects` (lists of Parquet files), `$manifest` (path of `_manifest.json`), `$bin_width`,
-`$seq_lens`. A query receives exactly the parameters it names (DuckDB rejects extra ones).
+`$rejects`, `$packs` (lists of Parquet files), `$manifest`, `$packs_record` (paths of
+`_manifest.json`, `_packs.json`), `$bin_width`, `$seq_lens`. A query receives exactly the
+parameters it names (DuckDB rejects extra ones).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from etl import columns as C
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
 from etl.output.parquet import DATA_SCHEMA, REJECTS_SCHEMA, TURNS_SCHEMA
+from etl.packing.index import PACKS_SCHEMA
 
 # sql/ is the repository's top-level folder; etl/sql links to it so wheels ship the queries too.
 # ETL_SQL_DIR overrides it.
@@ -37,6 +39,7 @@ QUERY_ORDER = (
     "drops",
     "rejects",
     "packing",
+    "packs",
     "consistency",
     "zero_trained",
     "untrained_eot",
@@ -49,7 +52,7 @@ _COMMENT = re.compile(r"--[^\n]*")
 
 # Zero-row stand-ins for absent file groups (e.g. a run with no rejects): read_parquet([]) is an
 # error in DuckDB, an empty file with the contract schema is the honest "nothing here".
-_EMPTY_SCHEMAS = {"data": DATA_SCHEMA, "turns": TURNS_SCHEMA, "rejects": REJECTS_SCHEMA}
+_EMPTY_SCHEMAS = {"data": DATA_SCHEMA, "turns": TURNS_SCHEMA, "rejects": REJECTS_SCHEMA, "packs": PACKS_SCHEMA}
 
 
 def query_names() -> list[str]:
@@ -102,6 +105,22 @@ def input_files(dst: str | os.PathLike[str], manifest: dict[str, Any] | None = N
     }
 
 
+def pack_inputs(dst: str | os.PathLike[str], manifest: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """`$packs` (the pack index parts, each checked, of splits whose data they still match) and
+    `$packs_record` (`_packs.json`); zero-row stand-ins when DST has no pack index."""
+    from etl.packing.index_io import pack_files, read_record
+
+    record = read_record(dst)
+    splits = sorted((record or {}).get("splits", {}))
+    files = [str(p) for s in splits for p in pack_files(dst, s, record, manifest)]  # type: ignore[arg-type]
+    if record is None:
+        (tmp / "empty-packs.json").write_text('{"splits": {}}', encoding="utf-8")
+    return {
+        "packs": files or [_empty_parquet(tmp, "packs")],
+        "packs_record": str(Path(dst) / C.PACKS_FILE) if record is not None else str(tmp / "empty-packs.json"),
+    }
+
+
 def default_bin_width(seq_len: int) -> int:
     """Histogram bin width for a given S: about `HISTOGRAM_BINS` bins up to S."""
     return max(1, math.ceil(seq_len / HISTOGRAM_BINS))
@@ -147,6 +166,8 @@ def run_queries(
     with tempfile.TemporaryDirectory(prefix="etl-stats-") as tmp:
         for group, files in input_files(dst, manifest).items():
             values[group] = files or [_empty_parquet(Path(tmp), group)]
+        if any({"packs", "packs_record"} & query_parameters(sql) for sql in texts.values()):
+            values.update(pack_inputs(dst, manifest, Path(tmp)))
         try:
             return {name: _execute(con, name, sql, values) for name, sql in texts.items()}
         finally:

@@ -1,4 +1,5 @@
-"""`etl inspect DST --row N`: one example token by token, trained tokens highlighted."""
+"""`etl inspect DST --row N`: one example token by token, trained tokens highlighted (`--pack N`:
+one packed row of the pack index, a marker line per piece)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ HELP = "show one example token by token with its loss mask and turn boundaries"
 DESCRIPTION = """\
 Show one example of an etl output as text, token by token: trained tokens (loss_mask)
 highlighted, special tokens in magenta, a marker line where each kept turn starts.
+With --pack N: packed row N of the pack index (`etl pack`), a marker line where each
+piece starts (example id, row, token range), trained = loss_mask and the piece's flag.
 On a terminal tokens alternate shades so their boundaries show; --plain (the default
 when output is not a terminal) wraps runs of trained tokens in [[...]] instead.
 
@@ -17,6 +20,7 @@ examples:
   etl inspect parquet/ --row 0
   etl inspect parquet/ --row 3 --split val --plain --token-sep '|'
   etl inspect parquet/ --id 9f2c... | less
+  etl inspect parquet/ --pack 0 --plain      # after `etl pack parquet/ --strategy bfd`
   etl inspect parquet/ --row 0 --tokenizer ~/models/qwen2.5   # run's tokenizer moved
 """
 
@@ -27,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--row", type=int, metavar="N", help="0-based row in the split")
     which.add_argument("--id", dest="example_id", metavar="ID", help="the example's id")
+    which.add_argument("--pack", type=int, metavar="N", help="0-based pack of the pack index (etl pack)")
     parser.add_argument("--split", default="train", help="split to read (default: train)")
     style = parser.add_mutually_exclusive_group()
     style.add_argument(
@@ -50,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Read the example and its turns, and print them."""
+    """Read the example and its turns (or the pack and its pieces), and print them."""
     from etl.analysis.inspect_example import (
         read_example,
         read_turns,
@@ -61,19 +66,34 @@ def run(args: argparse.Namespace) -> int:
     from etl.errors import EtlError
     from etl.output.manifest import read_manifest
 
-    if args.row is not None and args.row < 0:
-        raise EtlError(f"--row must be 0 or more, got {args.row}")
+    for flag, value in (("--row", args.row), ("--pack", args.pack)):
+        if value is not None and value < 0:
+            raise EtlError(f"{flag} must be 0 or more, got {value}")
     manifest = read_manifest(args.dst)
+    plain = args.plain or not (args.color or sys.stdout.isatty())
+    special = {int(i) for i in (manifest.get("special_ids") or {}).values()}
+    if args.pack is not None:
+        from etl.analysis.inspect_pack import read_pack, render_pack_plain, render_pack_rich
+
+        pack = read_pack(args.dst, split=args.split, pack=args.pack)
+        strings = token_strings(manifest, pack["input_ids"], tokenizer=args.tokenizer)
+        if plain:
+            sys.stdout.write(render_pack_plain(pack, strings, token_sep=args.token_sep))
+            return 0
+        return _print_rich(render_pack_rich(pack, strings, special_ids=special), color=args.color)
     example = read_example(args.dst, split=args.split, row=args.row, example_id=args.example_id)
     turns = read_turns(args.dst, split=args.split, example_id=example["id"])
     strings = token_strings(manifest, example["input_ids"], tokenizer=args.tokenizer)
-    if args.plain or not (args.color or sys.stdout.isatty()):
+    if plain:
         sys.stdout.write(render_plain(example, turns, strings, token_sep=args.token_sep))
         return 0
+    return _print_rich(render_rich(example, turns, strings, special_ids=special), color=args.color)
+
+
+def _print_rich(parts: list[object], *, color: bool) -> int:
     from etl.ui.console import console as Console
 
-    special = {int(i) for i in (manifest.get("special_ids") or {}).values()}
-    console = Console(force_terminal=True if args.color else None, highlight=False)
-    for part in render_rich(example, turns, strings, special_ids=special):
+    console = Console(force_terminal=True if color else None, highlight=False)
+    for part in parts:
         console.print(part)
     return 0

@@ -12,16 +12,20 @@ NAME = "stats"
 HELP = "token statistics of an etl output (DuckDB queries in sql/)"
 DESCRIPTION = """\
 Token statistics of an etl output: lengths, trained share, roles, domains, drops and
-rejects, packing estimate, and row listings of suspicious examples. Each table is one
+rejects, packing estimate, the pack index of `etl pack` (utilization per split and
+strategy), and row listings of suspicious examples. Each table is one
 DuckDB query in sql/<name>.sql.
 
 examples:
   etl stats parquet/
   etl stats parquet/ --query lengths --format json
   etl stats parquet/ --query packing --seq-len 2048 --seq-len 4096 --format csv
+  etl stats parquet/ --query packs          # after `etl pack parquet/ --strategy bfd`
 """
 
 FORMATS = ("table", "json", "csv")
+# What an empty table means where "(no rows)" would not say it.
+EMPTY_NOTES = {"packs": "(no pack index: `etl pack DST --strategy bfd` writes one)"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,7 +121,7 @@ def _print_tables(tables: dict[str, Any], *, limit: int) -> None:
                 f"--limit 0, or --query {name} --format csv[/dim]"
             )
         if table.num_rows == 0:
-            console.print("[dim](no rows)[/dim]")
+            console.print(f"[dim]{EMPTY_NOTES.get(name, '(no rows)')}[/dim]")
 
 
 def _bars(table: Any, width: int = 40) -> list[str]:

@@ -1,8 +1,9 @@
 """What etl owns in an output folder, and nothing else: the files its records and journal list.
 
-A writer (`etl run` into DST, `etl export` into OUT) holds the folder's lock, appends every path
-to `_journal.jsonl` before creating it, and at the end lists what it wrote (path, rows, bytes,
-sha256) in its record: `_manifest.json` for a run, `_export.json` for an export. The next writer
+A writer (`etl run` into DST, `etl export` into OUT, `etl pack` into DST) holds the folder's lock,
+appends every path to `_journal.jsonl` before creating it, and at the end lists what it wrote
+(path, rows, bytes, sha256) in its record: `_manifest.json` for a run, `_export.json` for an
+export, `_packs.json` for a pack index. The next writer
 removes exactly the files those lists (and an interrupted writer's journal) name. `is_etl_output`
 and `owned_files` are the one predicate every writer uses; a folder that is neither empty nor
 etl's is refused with nothing touched.
@@ -24,16 +25,18 @@ from etl import columns as c
 from etl.errors import EtlError, EtlWarning
 from etl.output.lock import FolderLock
 
-RECORDS = {"run": c.MANIFEST_FILE, "export": c.EXPORT_FILE}
-# A run replaces everything etl wrote in the folder (an export of the old data is stale with
-# it); an export replaces only the previous export, so `etl export DST DST` keeps the run.
-REPLACES = {"run": ("run", "export"), "export": ("export",)}
+RECORDS = {"run": c.MANIFEST_FILE, "export": c.EXPORT_FILE, "pack": c.PACKS_FILE}
+# A run replaces everything etl wrote in the folder (an export or a pack index of the old data is
+# stale with it); an export replaces only the previous export, so `etl export DST DST` keeps the
+# run; `etl pack` replaces only the previous pack index.
+REPLACES = {"run": ("run", "export", "pack"), "export": ("export",), "pack": ("pack",)}
 PROTOCOL_FILES = {c.LOCK_FILE, c.JOURNAL_FILE}
 # Top-level names of an output folder that etl writes: no input may lie under them, and no
 # seed-004 domain folder may take them (compared casefolded: macOS/Windows ignore case).
 RESERVED = frozenset(
     n.casefold()
-    for n in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR, c.VAL_STORAGE_DIR, *RECORDS.values(), *PROTOCOL_FILES)
+    for n in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR, c.VAL_STORAGE_DIR, c.PACKS_DIR, *RECORDS.values(),
+              *PROTOCOL_FILES)
 )
 # Manifests of format_version 1 listed data/turns parts only; their rejects parts were etl's too.
 _V1_REJECTS = re.compile(re.escape(c.REJECTS_DIR) + r"/part-\d{5}\.parquet")
@@ -248,11 +251,39 @@ class OutputWriter:
     def commit(self, record: dict[str, Any]) -> Path:
         """Write the record (manifest / export record) with the file list, atomically, last."""
         path = self.reserve(self.root / RECORDS[self.kind])
-        tmp = tmp_of(path)
-        body = {**record, "files": self.files()}
-        tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        _write_json(path, {**record, "files": self.files()})
         return path
+
+    def amend(self, kind: str, key: str, value: Any) -> None:
+        """Set one top-level `key` of another writer's record (None removes it), atomically.
+
+        For summaries one writer copies into another's record (`etl pack`'s utilization in the run
+        manifest); the record's `files` are never touched, so what it owns does not change. Only
+        inside the `with` block: the lock keeps two writers from amending at once.
+
+        Raises:
+            EtlError: the record is missing (the folder holds no finished output of `kind`).
+        """
+        assert self._journal is not None, "amend() outside the writer's `with` block"
+        assert key != "files", "amend() never changes what a record owns"
+        path = self.root / RECORDS[kind]
+        record = _read_json(path)
+        if record is None:
+            raise EtlError(f"{path} is missing: {self.root} holds no finished etl {kind} output")
+        if value is None and key not in record:
+            return
+        if value is None:
+            del record[key]
+        else:
+            record[key] = value
+        _write_json(path, record)
+
+
+def _write_json(path: Path, body: dict[str, Any]) -> None:
+    """A record written under its temp name, then renamed: a reader sees the old or the new one."""
+    tmp = tmp_of(path)
+    tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def tmp_of(path: Path) -> Path:

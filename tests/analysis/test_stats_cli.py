@@ -60,6 +60,15 @@ def test_stats_table_prints_every_query(dst: Path, capsys: pytest.CaptureFixture
     assert "ex-chat-1" in out and "invalid_json" in out
 
 
+def test_stats_packs_without_an_index_says_how_to_make_one(
+    dst: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run_cli(capsys, "stats", str(dst), "--query", "packs")
+    assert code == 0 and "no pack index: `etl pack DST --strategy bfd` writes one" in out
+    code, out, _ = run_cli(capsys, "stats", str(dst), "--query", "packs", "--format", "json")
+    assert (code, json.loads(out)) == (0, [])
+
+
 def test_stats_query_list(dst: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "stats", str(dst), "--query", "list")
     assert (code, out.split()) == (0, query_names())

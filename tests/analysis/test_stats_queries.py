@@ -222,5 +222,39 @@ def test_queries_on_an_empty_output(empty_dst: Path) -> None:
         "untrained_eot",
         "rejects",
         "turns_per_example",
+        "packs",
     ):
         assert results[name].num_rows == 0, name
+
+
+@pytest.mark.parametrize("strategy, seq_len", [("bfd", 64), ("sequential", 40)])
+def test_packs(any_dst: Path, tmp_path: Path, strategy: str, seq_len: int) -> None:
+    """Read back from the index `etl pack` wrote, against counts made from the index itself."""
+    import shutil
+
+    from etl.cli import main
+    from etl.packing.index_io import read_pack_index
+
+    assert run_query(any_dst, "packs").num_rows == 0  # no index yet: no rows, no error
+    dst = tmp_path / "dst"
+    shutil.copytree(any_dst, dst)
+    assert main(["pack", str(dst), "--strategy", strategy, "--seq-len", str(seq_len)]) == 0
+    got = keyed(run_query(dst, "packs"), "split")
+    lengths = by_split(examples(dst), "n")  # recounted from input_ids
+    assert set(got) == set(lengths) - {"(all)"}
+    for split, row in got.items():
+        index = read_pack_index(dst, split)
+        assert index is not None
+        p = index.packing
+        docs = [len(set(p.doc[p.pack == k].tolist())) for k in range(p.num_packs)]
+        tokens = int(p.length.sum())
+        assert row == {
+            "split": split, "strategy": strategy, "seq_len": seq_len, "packs": p.num_packs,
+            "examples": len(set(p.doc.tolist())), "pieces": len(p), "tokens": tokens,
+            "utilization": round(tokens / (p.num_packs * seq_len), 6),
+            "mean_docs": round(sum(docs) / len(docs), 2), "min_docs": min(docs), "max_docs": max(docs),
+            "clipped": index.clipped,
+        }
+        assert row["examples"] == len(lengths[split])
+        n = lengths[split]
+        assert tokens == int(np.minimum(n, seq_len).sum() if strategy == "bfd" else n.sum())

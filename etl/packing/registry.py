@@ -1,0 +1,46 @@
+"""`PACKERS`: strategy name -> packing function, and `pack`, the one entry point by name.
+
+Every packer maps (N,) example lengths to a `Packing` of at most ``seq_len`` tokens per pack.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from etl.errors import EtlError
+from etl.packing.bins import bfd, ffd
+from etl.packing.pieces import Packing
+from etl.packing.sequential import sequential
+
+
+class PackFn(Protocol):
+    """Signature shared by every entry of `PACKERS`.
+
+    ``seed`` is part of the signature for every packer so callers can pass it blindly; packers
+    with no random choice (bfd, ffd, sequential) ignore it. Strategy-specific knobs
+    (``buffer_docs``, ``max_docs_per_bin``, seed 001's ``turns``) are keyword options.
+    """
+
+    def __call__(self, lengths: np.ndarray, *, seq_len: int, seed: int = 0, **options: Any) -> Packing: ...
+
+
+PACKERS: dict[str, PackFn] = {
+    "bfd": bfd,
+    "ffd": ffd,
+    "sequential": sequential,
+    # "stream": etl.packing.stream.stream (seed 001, needs turns=...) is added here at merge.
+}
+
+
+def pack(strategy: str, lengths: np.ndarray, *, seq_len: int, seed: int = 0, **options: Any) -> Packing:
+    """Pack ``lengths`` with the packer named ``strategy`` (a key of `PACKERS`).
+
+    Raises:
+        EtlError: for an unknown strategy (the message lists the choices), or what the packer raises.
+    """
+    fn = PACKERS.get(strategy)
+    if fn is None:
+        raise EtlError(f"unknown packing strategy {strategy!r}; choose one of {sorted(PACKERS)}")
+    return fn(lengths, seq_len=seq_len, seed=seed, **options)
