@@ -15,16 +15,14 @@ import numpy as np
 
 from etl.errors import EtlError, EtlWarning
 from etl.loader.samplers import _BatchSampler, epoch_order, split_for_rank
-from etl.packing.index import PackIndex, read_pack_index
+from etl.packing.index import SPLITTING, PackIndex
+from etl.packing.index_io import read_pack_index
 from etl.packing.pieces import Packing
 from etl.packing.registry import PACKERS, pack
 
 if TYPE_CHECKING:  # dataset.py imports this module for PackRequest
     from etl.loader.dataset import ParquetDataset
 
-# Packers that place whole examples (one piece each, clipped to S): the only ones where the
-# loader's `truncation` picks which end of a too-long example survives.
-WHOLE_EXAMPLE = frozenset({"bfd", "ffd"})
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,8 @@ def online_packing(
     order = epoch_order(len(lengths), seed=seed, epoch=epoch, shuffle=shuffle, blocks=blocks, mix=mix)
     packing = pack(strategy, lengths[order], seq_len=seq_len, seed=seed + epoch, **(options or {}))
     packing = replace(packing, doc=order[packing.doc])
-    return keep_end(packing, lengths, truncation) if strategy in WHOLE_EXAMPLE else packing
+    # Whole-example packers clip an example longer than S; `truncation` picks the end kept.
+    return packing if strategy in SPLITTING else keep_end(packing, lengths, truncation)
 
 
 class PackSampler(_BatchSampler):
@@ -187,10 +186,13 @@ def make_pack_sampler(
     """
     if strategy not in PACKERS:
         raise EtlError(f"unknown packing {strategy!r}; choose one of {sorted(PACKERS)}")
-    index = read_pack_index(dataset.dst, dataset.split)
-    wanted = {"strategy": strategy, "seq_len": seq_len, "options": dict(options or {})}
+    index = read_pack_index(dataset.dst, dataset.split, ids=False)
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    wanted = {"strategy": strategy, "seq_len": seq_len, "options": options}
     if index is not None:
-        found = {"strategy": index.strategy, "seq_len": index.seq_len, "options": dict(index.options)}
+        found = {"strategy": index.strategy, "seq_len": index.seq_len, "options": index.options}
+        if strategy not in SPLITTING:  # which end of a clipped example survives
+            wanted["truncation"], found["truncation"] = common.get("truncation", "right"), index.truncation
         if found != wanted:
             warnings.warn(f"{dataset.dst}: the pack index was built with {found}, not {wanted}; "
                           "packing online every epoch instead", EtlWarning, stacklevel=3)

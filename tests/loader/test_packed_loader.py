@@ -13,7 +13,8 @@ import torch
 from etl.columns import IGNORE_INDEX
 from etl.errors import EtlError, EtlWarning
 from etl.loader.dataloader import ParquetLoader
-from etl.packing.index import build_pack_index, write_pack_index
+from etl.packing.index import build_pack_index
+from etl.packing.index_io import write_pack_index
 
 from .conftest import random_examples, write_dst
 from .test_dataloader import delivered_targets, trained_targets
