@@ -19,9 +19,9 @@ import torch.utils.data
 
 from etl.columns import DATA_DIR, INPUT_IDS, LOSS_MASK, LOSS_WEIGHT, NUM_TOKENS
 from etl.errors import EtlError
+from etl.loader.pack_request import PackRequest
 from etl.output.manifest import read_manifest
 from etl.output.parts import fingerprint, listed_parts, listed_splits, open_part
-from etl.loader.pack_sampler import PackRequest
 from etl.ragged import PackedBatch, Ragged, concat, from_arrow
 
 

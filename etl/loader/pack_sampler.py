@@ -8,42 +8,19 @@ the dataset turns it into a `PackedBatch`. Resume and rank sharding work as for 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from etl.errors import EtlError, EtlWarning
+from etl.loader.dataset import ParquetDataset
+from etl.loader.pack_request import PackRequest
 from etl.loader.samplers import _BatchSampler, epoch_order, split_for_rank
 from etl.packing.index import SPLITTING, PackIndex
 from etl.packing.index_io import read_pack_index
 from etl.packing.pieces import Packing
 from etl.packing.registry import PACKERS, pack
-
-if TYPE_CHECKING:  # dataset.py imports this module for PackRequest
-    from etl.loader.dataset import ParquetDataset
-
-
-
-@dataclass(frozen=True)
-class PackRequest:
-    """One batch of packs as pieces; what the sampler hands to ``ParquetDataset.__getitems__``.
-
-    Attributes:
-        rows: (P,) global row (in the split's listed parts) of each piece's example.
-        start, length: (P,) token range of each piece inside its example.
-        row: (P,) batch row of each piece; segment: (P,) its 1-based document in that row.
-        num_rows: B.
-        trained: (P,) bool piece flags (seed 001), or None.
-    """
-
-    rows: np.ndarray
-    start: np.ndarray
-    length: np.ndarray
-    row: np.ndarray
-    segment: np.ndarray
-    num_rows: int
-    trained: np.ndarray | None = None
 
 
 def request_for(packing: Packing, packs: np.ndarray, doc_rows: np.ndarray | None) -> PackRequest:
