@@ -21,6 +21,7 @@ from etl.loader.collate import COLLATE_FNS, Truncation, resolve_eos_id, resolve_
 from etl.loader.dataset import ParquetDataset
 from etl.loader.device import TorchCollate, resolve_device, to_device
 from etl.loader.pack_sampler import make_pack_sampler
+from etl.packing.index import SPLITTING
 from etl.loader.samplers import SAMPLERS, EpochSampler, RandomSampler
 
 
@@ -36,8 +37,9 @@ def _seq_len_error(given: int | None, run_seq_len: int | None) -> str:
     return f"seq_len={given} is too small: {what}{fix}"
 
 
-def _resolve_seq_len(given: int | None, run_seq_len: int | None, truncation: str) -> int:
-    """S: `given`, else the run's; an S below the run's is allowed, with a warning.
+def _resolve_seq_len(given: int | None, run_seq_len: int | None, truncation: str, *, splits: bool = False) -> int:
+    """S: `given`, else the run's; an S below the run's is allowed, with a warning unless a
+    packer splits long examples across rows (`splits`: sequential, stream) instead of cutting.
 
     Raises:
         EtlError: S below 2 (one token makes no (x, y) pair at all).
@@ -45,7 +47,7 @@ def _resolve_seq_len(given: int | None, run_seq_len: int | None, truncation: str
     resolved = int(run_seq_len or 0) if given is None else int(given)
     if resolved < 2:
         raise EtlError(_seq_len_error(given, run_seq_len))
-    if run_seq_len and resolved < int(run_seq_len):
+    if run_seq_len and resolved < int(run_seq_len) and not splits:
         # etl run truncated whole turns to its S; cutting again here is token-level and can
         # leave rows with nothing trained (an all -100 batch makes cross-entropy NaN).
         warnings.warn(
@@ -160,7 +162,8 @@ class ParquetLoader:
             cache_row_groups=max(cache_row_groups, window), cache_mb=cache_mb,
         )
         manifest = self.dataset.manifest
-        self.seq_len = _resolve_seq_len(seq_len, manifest.get("seq_len"), truncation)
+        self.seq_len = _resolve_seq_len(seq_len, manifest.get("seq_len"), truncation,
+                                        splits=packing in SPLITTING)
         self.pad_id = resolve_pad_id(pad_id, manifest)
         self.rank, self.world_size = _rank_world(rank, world_size)
         self.device = resolve_device(device)

@@ -12,15 +12,20 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
+from etl.columns import ID
 from etl.errors import EtlError, EtlWarning
 from etl.loader.dataset import ParquetDataset
 from etl.loader.pack_request import PackRequest
 from etl.loader.samplers import _BatchSampler, epoch_order, split_for_rank
+from etl.output.parts import open_part
 from etl.packing.index import SPLITTING, PackIndex
+from etl.packing.index import _stream_turns as stream_turns
 from etl.packing.index_io import read_pack_index
 from etl.packing.pieces import Packing
 from etl.packing.registry import PACKERS, pack
+from etl.packing.turn_spans import TurnSpans
 
 
 def request_for(packing: Packing, packs: np.ndarray, doc_rows: np.ndarray | None) -> PackRequest:
@@ -52,14 +57,21 @@ def online_packing(
     mix: int = 1,
     truncation: str = "right",
     options: dict[str, Any] | None = None,
+    turns: TurnSpans | None = None,
 ) -> Packing:
     """Shuffle the examples with ``seed + epoch`` (as `epoch_order` does), then pack them.
+
+    Args:
+        turns: the examples' turn spans, numbered like ``lengths`` (the stream packer's input).
 
     Returns:
         A `Packing` whose ``doc`` indexes ``lengths`` (the dataset's rows).
     """
     order = epoch_order(len(lengths), seed=seed, epoch=epoch, shuffle=shuffle, blocks=blocks, mix=mix)
-    packing = pack(strategy, lengths[order], seq_len=seq_len, seed=seed + epoch, **(options or {}))
+    extra = dict(options or {})
+    if turns is not None:
+        extra["turns"] = turns.take_docs(order)
+    packing = pack(strategy, lengths[order], seq_len=seq_len, seed=seed + epoch, **extra)
     packing = replace(packing, doc=order[packing.doc])
     # Whole-example packers clip an example longer than S; `truncation` picks the end kept.
     return packing if strategy in SPLITTING else keep_end(packing, lengths, truncation)
@@ -102,6 +114,7 @@ class PackSampler(_BatchSampler):
         mix: int = 1,
         truncation: str = "right",
         options: dict[str, Any] | None = None,
+        turns: TurnSpans | None = None,
         rank: int = 0,
         world_size: int = 1,
     ):
@@ -109,7 +122,7 @@ class PackSampler(_BatchSampler):
         self.lengths, self.doc_rows, self.index = lengths, doc_rows, index
         self.strategy, self.seq_len, self.options = strategy, seq_len, dict(options or {})
         self.shuffle, self.drop_last, self.blocks, self.mix = shuffle, drop_last, blocks, mix
-        self.truncation = truncation
+        self.truncation, self.turns = truncation, turns
         self._packing: tuple[int, Packing] | None = None
 
     def _fingerprint(self) -> dict[str, Any]:
@@ -127,7 +140,7 @@ class PackSampler(_BatchSampler):
                 packing = online_packing(
                     self.lengths, strategy=self.strategy, seq_len=self.seq_len, seed=self.seed,
                     epoch=epoch, shuffle=self.shuffle, blocks=self.blocks, mix=self.mix,
-                    truncation=self.truncation, options=self.options,
+                    truncation=self.truncation, options=self.options, turns=self.turns,
                 )
             self._packing = (epoch, packing)
         return self._packing[1]
@@ -174,5 +187,13 @@ def make_pack_sampler(
             warnings.warn(f"{dataset.dst}: the pack index was built with {found}, not {wanted}; "
                           "packing online every epoch instead", EtlWarning, stacklevel=3)
             index = None
+    turns = dataset_turns(dataset) if strategy == "stream" and index is None else None
     return PackSampler(dataset.example_lengths(), doc_rows=dataset.global_rows(), strategy=strategy,
-                       seq_len=seq_len, index=index, options=options, **common)
+                       seq_len=seq_len, index=index, options=options, turns=turns, **common)
+
+
+def dataset_turns(dataset: ParquetDataset) -> TurnSpans:
+    """Seed 001's turn spans of the dataset's examples, numbered by dataset row."""
+    ids = pa.concat_tables([open_part(p).read(columns=[ID]) for p in dataset.files]).column(ID)
+    spans = stream_turns(dataset.dst, dataset.split, dataset.manifest, ids)
+    return spans.take_docs(dataset.global_rows())

@@ -46,6 +46,18 @@ class TurnSpans:
     def __len__(self) -> int:
         return int(self.doc.shape[0])
 
+    def take_docs(self, docs: np.ndarray) -> TurnSpans:
+        """The turns of examples ``docs`` in that order, renumbered ``0..len(docs)-1``; the turns
+        of other examples are left out (a shuffled epoch, a filtered dataset). One lexsort."""
+        docs = np.asarray(docs, dtype=np.int64)
+        where = np.full(int(max(self.doc.max(initial=-1), docs.max(initial=-1))) + 1, -1, dtype=np.int64)
+        where[docs] = np.arange(len(docs), dtype=np.int64)
+        new = where[self.doc]
+        keep = np.flatnonzero(new >= 0)
+        order = keep[np.lexsort((self.start[keep], new[keep]))]
+        return TurnSpans(new[order], self.start[order], self.end[order], self.role[order],
+                         self.header_len[order])
+
 
 def header_lengths(manifest: Mapping[str, Any]) -> dict[str, int]:
     """Tokens of each role's header from a manifest's ``template.roles.<role>.header_ids``.

@@ -130,3 +130,22 @@ def test_train_on_eos_off_masks_eos_labels(tmp_path: Path) -> None:
     off = next(iter(ParquetLoader(root, batch_size=1, packing="bfd", shuffle=False, train_on_eos=False)))
     assert Counter(on["y"][on["y"] != IGNORE_INDEX].tolist())[9] == 2
     assert 9 not in off["y"].tolist()
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "sequential", "stream"])
+def test_online_packing_equals_the_index_in_file_order(tmp_path: Path, strategy: str) -> None:
+    # A real post_training run (turns for stream); S=48 splits the conversations across rows.
+    from etl.cli import main
+
+    dst = tmp_path / "pt"
+    assert main(["run", str(Path(__file__).parents[2] / "examples" / "raw"), str(dst),
+                 "--template", "post_training"]) == 0
+    index = build_pack_index(dst, "train", strategy=strategy, seq_len=48)
+    args = {"batch_size": 2, "seq_len": 48, "packing": strategy, "shuffle": False, "drop_last": False}
+    online = [{k: v.tolist() for k, v in b.items()} for b in ParquetLoader(dst, **args)]
+    write_pack_index(dst, {"train": index})
+    loader = ParquetLoader(dst, **args)
+    assert loader.sampler.index is not None
+    assert [{k: v.tolist() for k, v in b.items()} for b in loader] == online
+    trained = sum(sum(b["loss_mask"][0]) + sum(b["loss_mask"][-1]) for b in online)
+    assert trained > 0
