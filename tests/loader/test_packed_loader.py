@@ -132,6 +132,7 @@ def test_train_on_eos_off_masks_eos_labels(tmp_path: Path) -> None:
     assert 9 not in off["y"].tolist()
 
 
+@pytest.mark.filterwarnings("ignore:seq_len=48 is below")  # bfd clips; the others split
 @pytest.mark.parametrize("strategy", ["bfd", "sequential", "stream"])
 def test_online_packing_equals_the_index_in_file_order(tmp_path: Path, strategy: str) -> None:
     # A real post_training run (turns for stream); S=48 splits the conversations across rows.
