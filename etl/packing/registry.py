@@ -13,6 +13,7 @@ from etl.errors import EtlError
 from etl.packing.bins import bfd, ffd
 from etl.packing.pieces import Packing
 from etl.packing.sequential import sequential
+from etl.packing.stream import stream
 
 
 class PackFn(Protocol):
@@ -30,7 +31,7 @@ PACKERS: dict[str, PackFn] = {
     "bfd": bfd,
     "ffd": ffd,
     "sequential": sequential,
-    # "stream": etl.packing.stream.stream (seed 001, needs turns=...) is added here at merge.
+    "stream": stream,  # seed 001; needs turns=TurnSpans (etl.packing.index reads them for etl pack)
 }
 
 
