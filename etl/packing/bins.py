@@ -1,18 +1,28 @@
 """Bin packers (seed 003's bin mode): best-fit and first-fit decreasing, every example whole.
 
-FIRST VERSION: a plain loop per item (correct, slow); replaced by the grouped version below.
+Items are processed by runs of equal length, longest first (at most S runs): the k items of one
+length are interchangeable, so a bin takes as many of them as fit at once (one numpy step per
+run, not per item). Global BFD of 1M T0-like lengths at S=2048 takes ~0.4 s (bench/packing.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
 from etl.errors import EtlError
 from etl.packing.pieces import Packing, whole_examples
 
+# (clipped lengths, S, max docs per bin) -> (bin of every item, bins opened)
+_Core = Callable[[np.ndarray, int, int], tuple[np.ndarray, int]]
+
 
 def check_lengths(lengths: np.ndarray, *, seq_len: int) -> np.ndarray:
-    """(N,) int64 copy of ``lengths`` after checking S >= 1 and every length >= 1.
+    """(N,) int64 copy of ``lengths`` after checking ``seq_len`` >= 1 and every length >= 1.
+
+    Empty examples are rejected rather than skipped so that every example given to a packer
+    lands in exactly one pack (the pack index lists every id).
 
     Raises:
         EtlError: on a non-1-D array, ``seq_len`` < 1 or a length < 1.
@@ -32,36 +42,263 @@ def check_lengths(lengths: np.ndarray, *, seq_len: int) -> np.ndarray:
     return arr
 
 
-def _loop(lengths: np.ndarray, seq_len: int, best: bool, max_docs: int | None) -> Packing:
-    clipped = np.minimum(check_lengths(lengths, seq_len=seq_len), seq_len)
-    order = np.argsort(-clipped, kind="stable")
-    caps: list[int] = []
-    docs: list[int] = []
-    bins = np.zeros(len(clipped), dtype=np.int64)
-    for i in order:
-        n = int(clipped[i])
-        fits = [b for b in range(len(caps)) if caps[b] >= n and (max_docs is None or docs[b] < max_docs)]
-        if not fits:
-            caps.append(seq_len)
-            docs.append(0)
-            b = len(caps) - 1
+class _Bins:
+    """Remaining capacity and document count of every bin opened so far (at most one per item)."""
+
+    def __init__(self, n: int, seq_len: int, max_docs: int) -> None:
+        self.cap = np.full(n, seq_len, dtype=np.int64)
+        self.docs = np.zeros(n, dtype=np.int64)
+        self.count = 0
+        self.seq_len = seq_len
+        self.max_docs = max_docs
+
+    def place(self, cand: np.ndarray, k: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Put k items of ``length`` into the candidates in order, opening bins for the rest.
+
+        Each candidate (all have room for one) takes as many as fit, so the last one used may be
+        partly filled. New bins each take ``min(S // length, max_docs)``.
+
+        Returns:
+            (bins used in order, items each took); capacities and counts are updated.
+        """
+        take = np.minimum(self.cap[cand] // length, self.max_docs - self.docs[cand])
+        csum = np.cumsum(take)
+        j = int(np.searchsorted(csum, k))  # first candidate by which all k are placed
+        if j < len(cand):
+            cand, take = cand[: j + 1], take[: j + 1]
+            take[j] -= int(csum[j]) - k
+            rest = 0
         else:
-            b = min(fits, key=lambda k: (caps[k], k)) if best else fits[0]
-        caps[b] -= n
-        docs[b] += 1
-        bins[i] = b
-    return whole_examples(bins, clipped, len(caps))
+            rest = k - (int(csum[-1]) if len(csum) else 0)
+        if rest:
+            per = min(self.seq_len // length, self.max_docs)
+            opened = -(-rest // per)
+            new_take = np.full(opened, per, dtype=np.int64)
+            new_take[-1] = rest - (opened - 1) * per
+            cand = np.concatenate([cand, np.arange(self.count, self.count + opened)])
+            take = np.concatenate([take, new_take])
+            self.count += opened
+        self.cap[cand] -= take * length
+        self.docs[cand] += take
+        return cand, take
+
+    def open_to(self, ids: np.ndarray, length: int) -> np.ndarray:
+        """Which of ``ids`` can still take an item of ``length``."""
+        return (self.cap[ids] >= length) & (self.docs[ids] < self.max_docs)
 
 
-def bfd(lengths: np.ndarray, *, seq_len: int, seed: int = 0, buffer_docs: int | None = None,
-        max_docs_per_bin: int | None = None) -> Packing:
-    """Best-fit decreasing (first version)."""
-    del seed, buffer_docs
-    return _loop(lengths, seq_len, True, max_docs_per_bin)
+def _runs(clipped: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Items by decreasing length (ties by index) and their runs: (order, length, start, count)."""
+    key = seq_len - clipped
+    # 16-bit keys take numpy's radix sort: ~10 ms for 1M items instead of ~80 ms for int64.
+    order = np.argsort(key.astype(np.uint16) if seq_len < 2**16 else key, kind="stable")
+    ordered = clipped[order]
+    starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+    counts = np.diff(np.append(starts, len(ordered)))
+    return order, ordered[starts], starts, counts
 
 
-def ffd(lengths: np.ndarray, *, seq_len: int, seed: int = 0, buffer_docs: int | None = None,
-        max_docs_per_bin: int | None = None) -> Packing:
-    """First-fit decreasing (first version)."""
-    del seed, buffer_docs
-    return _loop(lengths, seq_len, False, max_docs_per_bin)
+def _best_fit(clipped: np.ndarray, seq_len: int, max_docs: int) -> tuple[np.ndarray, int]:
+    """Item-by-item BFD (smallest remaining capacity, then lowest bin id), computed per run.
+
+    The bins that fit the current length sit on ``stack`` ordered so its top is the best fit,
+    (capacity, id) ascending. A bin that drops below the current length waits in ``later[r]``
+    for run r, the first run short enough for its capacity (runs decrease, capacities only
+    shrink, so it never has to be re-sorted). Same bins as the per-item loop, not just as many.
+    """
+    order, run_len, run_start, run_count = _runs(clipped, seq_len)
+    bins = _Bins(len(clipped), seq_len, max_docs)
+    stack = np.empty(len(clipped), dtype=np.int64)
+    top = 0
+    later: list[list[np.ndarray]] = [[] for _ in range(len(run_len) + 1)]
+    neg_len = -run_len  # ascending, for searchsorted
+    out = np.empty(len(clipped), dtype=np.int64)
+    for r, (length, pos, k) in enumerate(zip(run_len.tolist(), run_start.tolist(), run_count.tolist())):
+        if later[r]:
+            woken = np.concatenate(later[r])
+            woken = woken[np.lexsort((woken, bins.cap[woken]))][::-1]  # best fit last = top
+            stack[top : top + len(woken)] = woken
+            top += len(woken)
+        m = min(k, top)  # every bin on the stack takes at least one item
+        used, take = bins.place(stack[top - m : top][::-1], k, length)
+        top -= min(m, len(used))
+        out[pos : pos + k] = np.repeat(used, take)
+        still = bins.open_to(used, length)  # at most the last bin used, partly filled
+        stack[top : top + int(still.sum())] = used[still]
+        top += int(still.sum())
+        done = used[~still]
+        done = done[(bins.docs[done] < max_docs) & (bins.cap[done] > 0)]
+        _defer(later, done, np.searchsorted(neg_len, -bins.cap[done]))
+    result = np.empty(len(clipped), dtype=np.int64)
+    result[order] = out
+    return result, bins.count
+
+
+def _defer(later: list[list[np.ndarray]], ids: np.ndarray, run: np.ndarray) -> None:
+    """Append each bin to ``later[run]`` (``run`` == number of runs: never fits again, dropped).
+
+    A Python step per distinct (run, target run) pair, not per bin: ~50k steps (~30 ms) for 1M
+    T0 lengths at S=2048.
+    """
+    if not len(ids):
+        return
+    order = np.argsort(run, kind="stable")
+    ids, run = ids[order], run[order]
+    cut = np.flatnonzero(run[1:] != run[:-1]) + 1
+    for target, part in zip(run[np.append(0, cut)].tolist(), np.split(ids, cut)):
+        if target < len(later) - 1:
+            later[target].append(part)
+
+
+def _first_fit(clipped: np.ndarray, seq_len: int, max_docs: int) -> tuple[np.ndarray, int]:
+    """Item-by-item FFD (lowest bin id that fits), computed per run.
+
+    Cost: one scan of the open bins per run, O(runs x bins): ~2,000 x 115k for 1M T0 lengths.
+    """
+    order, run_len, run_start, run_count = _runs(clipped, seq_len)
+    bins = _Bins(len(clipped), seq_len, max_docs)
+    live = np.empty(0, dtype=np.int64)  # bins that may still take an item, by id
+    out = np.empty(len(clipped), dtype=np.int64)
+    smallest = int(run_len[-1]) if len(run_len) else 1
+    for length, pos, k in zip(run_len.tolist(), run_start.tolist(), run_count.tolist()):
+        first = bins.count
+        cand = live[bins.open_to(live, length)][:k]
+        used, take = bins.place(cand, k, length)
+        out[pos : pos + k] = np.repeat(used, take)
+        opened = np.arange(first, bins.count)
+        live = np.concatenate([live, opened])
+        if len(used) > 64:  # drop bins that can never take the shortest item again
+            live = live[bins.open_to(live, smallest)]
+    result = np.empty(len(clipped), dtype=np.int64)
+    result[order] = out
+    return result, bins.count
+
+
+def _side_by_side(
+    clipped: np.ndarray, seq_len: int, max_docs: int, window: int, best: bool
+) -> tuple[np.ndarray, int]:
+    """Every window of ``window`` documents packed at once, one numpy step per rank in a window.
+
+    Column b of ``cap`` is bin b of every window; a bin not opened yet has capacity S, more
+    than any opened one, so best fit (smallest fitting capacity, then lowest id) and first fit
+    (lowest fitting id) open a new bin exactly when no open bin fits, as the per-item loop does.
+    Cost: ``window`` steps over (open bins x windows) cells, ~N x bins per window (1M T0
+    lengths in windows of 1,000: ~1.2e8 cells, ~0.6 s); grows with the square of ``window``.
+    """
+    num = -(-len(clipped) // window)
+    order = np.lexsort((seq_len - clipped, np.arange(len(clipped)) // window))
+    grid = np.zeros(num * window, dtype=np.int32)  # rank r of window w at [w, r]; 0 = no document
+    grid[: len(clipped)] = clipped[order]
+    grid = grid.reshape(num, window)
+    cap = np.full((window, num), seq_len, dtype=np.int32)  # (bin, window): open bins contiguous
+    docs = np.zeros((window, num), dtype=np.int32) if max_docs < window else None
+    chosen = np.empty((num, window), dtype=np.int64)
+    cols = np.arange(num)
+    width = 1  # bins opened in any window so far, plus one not opened
+    for r in range(window):
+        length = grid[:, r]
+        fits = cap[:width] >= length
+        if docs is not None:
+            fits &= docs[:width] < max_docs
+        if best:
+            col = np.argmin(np.where(fits, cap[:width], seq_len + 1), axis=0)
+        else:
+            col = np.argmax(fits, axis=0)
+        cap[col, cols] -= length
+        if docs is not None:
+            docs[col, cols] += length > 0
+        chosen[:, r] = col
+        width = min(window, max(width, int(col.max()) + 2))
+    used = np.where(grid > 0, chosen, -1).max(axis=1) + 1
+    bins = np.empty(len(clipped), dtype=np.int64)
+    bins[order] = (chosen + (np.cumsum(used) - used)[:, None]).ravel()[: len(clipped)]
+    return bins, int(used.sum())
+
+
+def _side_by_side_cheaper(clipped: np.ndarray, seq_len: int, window: int) -> bool:
+    """Whether `_side_by_side` beats one run-by-run core call per window.
+
+    Cost model measured on T0 at S=2048: a side-by-side cell ~5 ns, a run step ~80 us, so a run
+    costs ~16,000 cells; runs are bounded by min(window, S) (about twice the real count on T0).
+    The switch falls near windows of ~10,000 T0 documents.
+    """
+    starts = np.arange(0, len(clipped), window)
+    sizes = np.diff(np.append(starts, len(clipped)))
+    bins = -(-np.add.reduceat(clipped, starts) // seq_len)
+    return int((sizes * bins).sum()) < 8_000 * int(np.minimum(sizes, seq_len).sum())
+
+
+def _pack(
+    lengths: np.ndarray, seq_len: int, buffer_docs: int | None, max_docs_per_bin: int | None, *, best: bool
+) -> Packing:
+    """Clip, pack each window of ``buffer_docs`` documents, number bins globally."""
+    clipped = np.minimum(check_lengths(lengths, seq_len=seq_len), seq_len)
+    for name, value in (("buffer_docs", buffer_docs), ("max_docs_per_bin", max_docs_per_bin)):
+        if value is not None and int(value) < 1:
+            raise EtlError(f"{name} must be at least 1 (or None for no limit), got {value}")
+    max_docs = len(clipped) + 1 if max_docs_per_bin is None else int(max_docs_per_bin)
+    window = len(clipped) if buffer_docs is None else min(int(buffer_docs), len(clipped))
+    if 0 < window < len(clipped) and _side_by_side_cheaper(clipped, seq_len, window):
+        bins, total = _side_by_side(clipped, seq_len, max_docs, window, best)
+        return whole_examples(bins, clipped, total)
+    core: _Core = _best_fit if best else _first_fit
+    bins = np.empty(len(clipped), dtype=np.int64)
+    total = 0
+    # One core call per window: few windows here (large ones), each O(runs) Python steps.
+    for lo in range(0, len(clipped), max(window, 1)):
+        part, count = core(clipped[lo : lo + window], seq_len, max_docs)
+        bins[lo : lo + window] = part + total
+        total += count
+    return whole_examples(bins, clipped, total)
+
+
+def bfd(
+    lengths: np.ndarray,
+    *,
+    seq_len: int,
+    seed: int = 0,
+    buffer_docs: int | None = None,
+    max_docs_per_bin: int | None = None,
+) -> Packing:
+    """Best-fit decreasing: longest first, each into the fullest bin it fits (ties: oldest bin).
+
+    Trade-off: the fewest bins of the packers here (within ~0.1% of ceil(sum / S) on T0) and
+    O(N log N): ~0.4 s for 1M lengths; examples lose their order (the loader shuffles packs).
+    An example longer than ``seq_len`` is counted as ``seq_len`` tokens (one piece of length S;
+    the caller decides which end it keeps).
+
+    Args:
+        lengths: (N,) tokens of every example (>= 1 each).
+        seq_len: S, the most tokens in a bin.
+        seed: unused (no random choice; ties are broken by bin id); kept for `PackFn`.
+        buffer_docs: pack each window of this many consecutive examples on its own (seed 003's
+            ``packing_buffer_docs``; TRL's default is 1,000); None packs the whole input at once.
+        max_docs_per_bin: most examples in one bin (seed 003's ``packing_max_docs_per_bin``).
+
+    Returns:
+        One piece per example; bins numbered in opening order, window after window.
+
+    Raises:
+        EtlError: when ``seq_len``, ``buffer_docs`` or ``max_docs_per_bin`` < 1 or an example
+            has no tokens (empty examples are rejected, not skipped).
+    """
+    del seed
+    return _pack(lengths, seq_len, buffer_docs, max_docs_per_bin, best=True)
+
+
+def ffd(
+    lengths: np.ndarray,
+    *,
+    seq_len: int,
+    seed: int = 0,
+    buffer_docs: int | None = None,
+    max_docs_per_bin: int | None = None,
+) -> Packing:
+    """First-fit decreasing (seed 003's bin packer): longest first, each into the oldest bin it fits.
+
+    Trade-off: as many bins as BFD or a few more/fewer (neither dominates); slower on large
+    global inputs, O(runs x open bins) (~1 s for 1M T0 lengths), fine with ``buffer_docs``.
+    Arguments, clipping and errors as in `bfd`.
+    """
+    del seed
+    return _pack(lengths, seq_len, buffer_docs, max_docs_per_bin, best=False)

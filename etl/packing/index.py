@@ -171,9 +171,8 @@ def _stream_turns(dst: str | os.PathLike[str], split: str, manifest: dict[str, A
     if not parts:
         raise EtlError(f"the stream strategy needs the turns of split {split!r}, and {dst} has none; "
                        "rerun `etl run` (it writes DST/turns)")
-    turns = _read_columns(parts, [c.ID, c.TURN_INDEX, c.ROLE, c.START, c.END, c.KEPT, c.NUM_TOKENS])
-    turns = turns.filter(pc.field(c.KEPT))
-    return turn_spans(turns, ids, header_len=header_lengths(manifest))
+    turns = _read_columns(parts, [c.ID, c.TURN_INDEX, c.ROLE, c.START, c.END, c.NUM_TOKENS, c.KEPT])
+    return turn_spans(turns, ids, header_len=header_lengths(manifest))  # keeps the kept turns
 
 
 def _check(packing: Packing, lengths: np.ndarray, seq_len: int) -> None:

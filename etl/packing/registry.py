@@ -31,7 +31,7 @@ PACKERS: dict[str, PackFn] = {
     "bfd": bfd,
     "ffd": ffd,
     "sequential": sequential,
-    "stream": stream,  # seed 001; needs turns= (etl.packing.turn_spans)
+    "stream": stream,  # seed 001; needs turns=TurnSpans (etl.packing.index reads them for etl pack)
 }
 
 

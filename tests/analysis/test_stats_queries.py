@@ -227,7 +227,7 @@ def test_queries_on_an_empty_output(empty_dst: Path) -> None:
         assert results[name].num_rows == 0, name
 
 
-@pytest.mark.parametrize("strategy, seq_len", [("bfd", 64), ("sequential", 40)])
+@pytest.mark.parametrize("strategy, seq_len", [("bfd", 64), ("sequential", 40), ("stream", 48)])
 def test_packs(any_dst: Path, tmp_path: Path, strategy: str, seq_len: int) -> None:
     """Read back from the index `etl pack` wrote, against counts made from the index itself."""
     import shutil
@@ -257,4 +257,5 @@ def test_packs(any_dst: Path, tmp_path: Path, strategy: str, seq_len: int) -> No
         }
         assert row["examples"] == len(lengths[split])
         n = lengths[split]
-        assert tokens == int(np.minimum(n, seq_len).sum() if strategy == "bfd" else n.sum())
+        if strategy != "stream":  # stream adds injected pieces and may skip a dangling tail
+            assert tokens == int(np.minimum(n, seq_len).sum() if strategy == "bfd" else n.sum())

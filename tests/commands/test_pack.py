@@ -64,6 +64,13 @@ def test_one_line_per_split_and_the_index_matches_it(dst: Path, capsys: pytest.C
     assert "warning" in err and "examples longer than 128 tokens: " in err  # the run kept examples up to 256
 
 
+def test_stream_strategy_reads_the_turns(dst: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pack", str(dst), "--strategy", "stream", "--seq-len", "100"]) == 0
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == ["train", "val"]
+    index = read_pack_index(dst, "train")
+    assert index is not None and index.strategy == "stream" and index.packing.trained is not None
+
+
 def test_defaults_seq_len_of_the_run_and_split_choice(dst: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["pack", str(dst), "--strategy", "sequential", "--split", "val"]) == 0
     out, err = capsys.readouterr()
