@@ -21,8 +21,8 @@ from etl.loader.collate import COLLATE_FNS, Truncation, resolve_eos_id, resolve_
 from etl.loader.dataset import ParquetDataset
 from etl.loader.device import TorchCollate, resolve_device, to_device
 from etl.loader.pack_sampler import make_pack_sampler
-from etl.packing.index import SPLITTING
 from etl.loader.samplers import SAMPLERS, EpochSampler, RandomSampler
+from etl.packing.index import SPLITTING
 
 
 def _seq_len_error(given: int | None, run_seq_len: int | None) -> str:
