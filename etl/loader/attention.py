@@ -33,9 +33,10 @@ def document_block_mask(
 ) -> BlockMask:
     """FlexAttention `BlockMask`: same segment (and key <= query when causal).
 
-    Trade-off: built once per batch (a (B, T, T) mask_mod evaluation on the device, ~1 ms at
-    B=32, T=2048 on a GPU) but then attention skips every block that crosses documents; eager
-    flex_attention (no torch.compile) works but materializes the scores and warns.
+    Trade-off: built once per batch (the mask_mod is evaluated over B x T x T on the device;
+    build it on the GPU, where the batch goes anyway), then attention skips every block that
+    crosses documents; eager flex_attention (no torch.compile) works but materializes the
+    scores and warns.
 
     Args:
         segment_ids: (B, T) integer tensor, 1..k per document, 0 on padding.

@@ -2,6 +2,8 @@
 
 Pure numpy: one fancy-index gather per batch from the flat token buffer, no loop per token or
 per example. Variants sit in `COLLATE_FNS`; the Parquet dataset and the episode loader share them.
+Packed rows (`etl.ragged.PackedBatch`) have their own fixed-shape collate next to these:
+`etl.loader.collate_packed.PACKED_COLLATE_FNS` (same x, y, loss_mask, plus document arrays).
 """
 
 from __future__ import annotations

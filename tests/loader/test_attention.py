@@ -1,4 +1,4 @@
-"""Packed training equals unpacked training: a tiny float64 transformer fed `collate_packed` batches.
+"""Packed training equals unpacked training: a tiny float64 transformer fed packed batches.
 
 The decisive test of issue 10 point 3: with the document mask (SDPA or FlexAttention) and the
 reset position ids, every example's summed loss in a packed row equals its loss run alone,

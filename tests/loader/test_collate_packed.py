@@ -81,6 +81,12 @@ def test_golden_knobs_boundary_eos_trained_raw() -> None:
     assert raw["y"].tolist() == [[11, 12, 20, 21, 22, 23, 7], [31, 32, 33, 34, 7, 7, 7]]
     assert raw["x"][1].tolist() == [30, 31, 32, 33, 34, 7, 7]
     assert raw["loss_mask"].dtype == np.float32
+    stored = golden()  # seed 002 stores masks as float32 or uint8: nonzero is trained
+    for dtype in (np.float32, np.uint8):
+        pieces = Ragged(FLAT, stored.pieces.starts, stored.pieces.lengths, MASK.astype(dtype))
+        as_stored = PackedBatch(pieces, stored.row, stored.segment, 2)
+        got = collate_packed(as_stored, **kw)["y"]
+        np.testing.assert_array_equal(got, collate_packed(stored, **kw)["y"])
     every = collate_packed(golden(), use_loss_mask=False, **kw)
     assert every["y"].tolist() == [[11, 12, N, 21, 22, 23, N], [31, 32, 33, 34, N, N, N]]
 
@@ -115,9 +121,8 @@ def test_empty_rows_and_registry() -> None:
 )
 def test_errors_say_how_to_fix(change: dict, kw: dict, match: str) -> None:
     pieces = Ragged(FLAT, np.array([6, 10, 1]), np.array([3, 4, 5]), change.get("mask", MASK))
-    batch = PackedBatch(
-        pieces, change.get("row", np.array([0, 0, 1])), change.get("segment", np.array([1, 2, 1])), 2
-    )
+    row = change.get("row", np.array([0, 0, 1]))
+    batch = PackedBatch(pieces, row, change.get("segment", np.array([1, 2, 1])), 2)
     with pytest.raises(EtlError, match=match):
         collate_packed(batch, seq_len=change.get("seq_len", 8), pad_id=0, **kw)
 
