@@ -1,13 +1,15 @@
 """Bin packers (seed 003's bin mode): best-fit and first-fit decreasing, every example whole.
 
-Items are processed by runs of equal length, longest first (at most S runs): the k items of one
-length are interchangeable, so a bin takes as many of them as fit at once (one numpy step per
-run, not per item). Global BFD of 1M T0-like lengths at S=2048 takes ~0.4 s (bench/packing.py).
+Whole input: items by runs of equal length, longest first (at most S runs); the k items of one
+length are interchangeable, so a bin takes as many as fit at once (a numpy step per run, not per
+item). Windows (``buffer_docs``): all windows side by side, a numpy step per rank in a window.
+Both give the same bins as the textbook per-item loop (tests/packing/test_bins.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 
 import numpy as np
 
@@ -84,10 +86,14 @@ class _Bins:
 
     def open_to(self, ids: np.ndarray, length: int) -> np.ndarray:
         """Which of ``ids`` can still take an item of ``length``."""
-        return (self.cap[ids] >= length) & (self.docs[ids] < self.max_docs)
+        room = self.cap[ids] >= length
+        return room if self.max_docs > len(self.cap) else room & (self.docs[ids] < self.max_docs)
 
 
-def _runs(clipped: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+_Runs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _runs(clipped: np.ndarray, seq_len: int) -> _Runs:
     """Items by decreasing length (ties by index) and their runs: (order, length, start, count)."""
     key = seq_len - clipped
     # 16-bit keys take numpy's radix sort: ~10 ms for 1M items instead of ~80 ms for int64.
@@ -113,7 +119,8 @@ def _best_fit(clipped: np.ndarray, seq_len: int, max_docs: int) -> tuple[np.ndar
     later: list[list[np.ndarray]] = [[] for _ in range(len(run_len) + 1)]
     neg_len = -run_len  # ascending, for searchsorted
     out = np.empty(len(clipped), dtype=np.int64)
-    for r, (length, pos, k) in enumerate(zip(run_len.tolist(), run_start.tolist(), run_count.tolist())):
+    runs = zip(run_len.tolist(), run_start.tolist(), run_count.tolist())
+    for r, (length, pos, k) in enumerate(runs):
         if later[r]:
             woken = np.concatenate(later[r])
             woken = woken[np.lexsort((woken, bins.cap[woken]))][::-1]  # best fit last = top
@@ -123,12 +130,15 @@ def _best_fit(clipped: np.ndarray, seq_len: int, max_docs: int) -> tuple[np.ndar
         used, take = bins.place(stack[top - m : top][::-1], k, length)
         top -= min(m, len(used))
         out[pos : pos + k] = np.repeat(used, take)
-        still = bins.open_to(used, length)  # at most the last bin used, partly filled
-        stack[top : top + int(still.sum())] = used[still]
-        top += int(still.sum())
-        done = used[~still]
-        done = done[(bins.docs[done] < max_docs) & (bins.cap[done] > 0)]
-        _defer(later, done, np.searchsorted(neg_len, -bins.cap[done]))
+        last = int(used[-1])
+        if bins.cap[last] >= length and bins.docs[last] < max_docs:  # partly filled: still best
+            stack[top] = last
+            top += 1
+            used = used[:-1]
+        run = np.searchsorted(neg_len, -bins.cap[used])  # room 0 gives len(run_len): dropped
+        if max_docs <= len(clipped):
+            run[bins.docs[used] >= max_docs] = len(run_len)
+        _defer(later, used, run)
     result = np.empty(len(clipped), dtype=np.int64)
     result[order] = out
     return result, bins.count
@@ -142,18 +152,20 @@ def _defer(later: list[list[np.ndarray]], ids: np.ndarray, run: np.ndarray) -> N
     """
     if not len(ids):
         return
-    order = np.argsort(run, kind="stable")
+    order = np.argsort(run)
     ids, run = ids[order], run[order]
-    cut = np.flatnonzero(run[1:] != run[:-1]) + 1
-    for target, part in zip(run[np.append(0, cut)].tolist(), np.split(ids, cut)):
-        if target < len(later) - 1:
-            later[target].append(part)
+    edges = [0, *(np.flatnonzero(run[1:] != run[:-1]) + 1).tolist(), len(run)]
+    targets = run.tolist()
+    for lo, hi in pairwise(edges):
+        if targets[lo] < len(later) - 1:
+            later[targets[lo]].append(ids[lo:hi])
 
 
 def _first_fit(clipped: np.ndarray, seq_len: int, max_docs: int) -> tuple[np.ndarray, int]:
     """Item-by-item FFD (lowest bin id that fits), computed per run.
 
-    Cost: one scan of the open bins per run, O(runs x bins): ~2,000 x 115k for 1M T0 lengths.
+    Cost: a scan of the live bins per run, O(runs x bins): ~1,600 runs x <=122k bins for 1M T0
+    lengths, ~0.2 s CPU.
     """
     order, run_len, run_start, run_count = _runs(clipped, seq_len)
     bins = _Bins(len(clipped), seq_len, max_docs)
@@ -162,12 +174,10 @@ def _first_fit(clipped: np.ndarray, seq_len: int, max_docs: int) -> tuple[np.nda
     smallest = int(run_len[-1]) if len(run_len) else 1
     for length, pos, k in zip(run_len.tolist(), run_start.tolist(), run_count.tolist()):
         first = bins.count
-        cand = live[bins.open_to(live, length)][:k]
-        used, take = bins.place(cand, k, length)
+        used, take = bins.place(live[bins.open_to(live, length)][:k], k, length)
         out[pos : pos + k] = np.repeat(used, take)
-        opened = np.arange(first, bins.count)
-        live = np.concatenate([live, opened])
-        if len(used) > 64:  # drop bins that can never take the shortest item again
+        live = np.concatenate([live, np.arange(first, bins.count)])
+        if len(used) > 64:  # many bins changed: drop those the shortest item no longer fits
             live = live[bins.open_to(live, smallest)]
     result = np.empty(len(clipped), dtype=np.int64)
     result[order] = out
@@ -229,7 +239,8 @@ def _side_by_side_cheaper(clipped: np.ndarray, seq_len: int, window: int) -> boo
 
 
 def _pack(
-    lengths: np.ndarray, seq_len: int, buffer_docs: int | None, max_docs_per_bin: int | None, *, best: bool
+    lengths: np.ndarray, seq_len: int, buffer_docs: int | None, max_docs_per_bin: int | None,
+    *, best: bool,
 ) -> Packing:
     """Clip, pack each window of ``buffer_docs`` documents, number bins globally."""
     clipped = np.minimum(check_lengths(lengths, seq_len=seq_len), seq_len)
@@ -253,19 +264,16 @@ def _pack(
 
 
 def bfd(
-    lengths: np.ndarray,
-    *,
-    seq_len: int,
-    seed: int = 0,
-    buffer_docs: int | None = None,
+    lengths: np.ndarray, *, seq_len: int, seed: int = 0, buffer_docs: int | None = None,
     max_docs_per_bin: int | None = None,
 ) -> Packing:
     """Best-fit decreasing: longest first, each into the fullest bin it fits (ties: oldest bin).
 
-    Trade-off: the fewest bins of the packers here (within ~0.1% of ceil(sum / S) on T0) and
-    O(N log N): ~0.4 s for 1M lengths; examples lose their order (the loader shuffles packs).
-    An example longer than ``seq_len`` is counted as ``seq_len`` tokens (one piece of length S;
-    the caller decides which end it keeps).
+    Trade-off: the fewest bins of the whole-example packers (T0, 1M lengths at S=2048: 0.084%
+    over ceil(sum / S), as many as TRL 1.16's BFD) in O(N log N) plus a Python step per run
+    (~0.25 s CPU for those 1M); examples lose their order. Windows cost bins: 0.55% over the
+    bound with ``buffer_docs=1000``. An example longer than ``seq_len`` counts as ``seq_len``
+    tokens (one piece of length S; the caller decides which end it keeps).
 
     Args:
         lengths: (N,) tokens of every example (>= 1 each).
@@ -287,18 +295,14 @@ def bfd(
 
 
 def ffd(
-    lengths: np.ndarray,
-    *,
-    seq_len: int,
-    seed: int = 0,
-    buffer_docs: int | None = None,
+    lengths: np.ndarray, *, seq_len: int, seed: int = 0, buffer_docs: int | None = None,
     max_docs_per_bin: int | None = None,
 ) -> Packing:
-    """First-fit decreasing (seed 003's bin packer): longest first, each into the oldest bin it fits.
+    """First-fit decreasing (seed 003's bin packer): longest first, into the oldest bin that fits.
 
-    Trade-off: as many bins as BFD or a few more/fewer (neither dominates); slower on large
-    global inputs, O(runs x open bins) (~1 s for 1M T0 lengths), fine with ``buffer_docs``.
-    Arguments, clipping and errors as in `bfd`.
+    Trade-off: as many bins as `bfd` on T0, but not always: [11, 7, 5, 3, 2, 2] at S=15 takes 3
+    bins, BFD 2 (the 3 goes to the older, roomier bin). Each run scans the open bins,
+    O(runs x bins): ~0.3 s CPU for 1M T0 lengths. Arguments, clipping and errors as in `bfd`.
     """
     del seed
     return _pack(lengths, seq_len, buffer_docs, max_docs_per_bin, best=False)

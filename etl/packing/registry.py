@@ -5,6 +5,7 @@ Every packer maps (N,) example lengths to a `Packing` of at most ``seq_len`` tok
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,7 +25,9 @@ class PackFn(Protocol):
     (``buffer_docs``, ``max_docs_per_bin``, seed 001's ``turns``) are keyword options.
     """
 
-    def __call__(self, lengths: np.ndarray, *, seq_len: int, seed: int = 0, **options: Any) -> Packing: ...
+    def __call__(
+        self, lengths: np.ndarray, *, seq_len: int, seed: int = 0, **options: Any
+    ) -> Packing: ...
 
 
 PACKERS: dict[str, PackFn] = {
@@ -35,13 +38,21 @@ PACKERS: dict[str, PackFn] = {
 }
 
 
-def pack(strategy: str, lengths: np.ndarray, *, seq_len: int, seed: int = 0, **options: Any) -> Packing:
+def pack(
+    strategy: str, lengths: np.ndarray, *, seq_len: int, seed: int = 0, **options: Any
+) -> Packing:
     """Pack ``lengths`` with the packer named ``strategy`` (a key of `PACKERS`).
 
     Raises:
-        EtlError: for an unknown strategy (the message lists the choices), or what the packer raises.
+        EtlError: for an unknown strategy or an option the packer does not take (the message
+            lists the choices), or from the packer.
     """
     fn = PACKERS.get(strategy)
     if fn is None:
         raise EtlError(f"unknown packing strategy {strategy!r}; choose one of {sorted(PACKERS)}")
+    params = inspect.signature(fn).parameters
+    accepted = sorted(k for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k != "seq_len")
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise EtlError(f"packing {strategy!r} takes no option {unknown}; its options: {accepted}")
     return fn(lengths, seq_len=seq_len, seed=seed, **options)

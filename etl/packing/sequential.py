@@ -47,4 +47,6 @@ def sequential(lengths: np.ndarray, *, seq_len: int, seed: int = 0) -> Packing:
     begin = np.maximum(offsets[doc], window * seq_len)
     end = np.minimum(ends[doc], (window + 1) * seq_len)
     num_packs = int(-(-int(ends[-1]) // seq_len)) if len(lengths) else 0
-    return Packing(doc=doc, start=begin - offsets[doc], length=end - begin, pack=window, num_packs=num_packs)
+    return Packing(
+        doc=doc, start=begin - offsets[doc], length=end - begin, pack=window, num_packs=num_packs
+    )

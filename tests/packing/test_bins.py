@@ -113,6 +113,11 @@ def test_bad_options_and_unknown_strategy():
         ffd(np.array([3]), seq_len=8, max_docs_per_bin=0)
     with pytest.raises(EtlError, match="'bfd', 'ffd', 'sequential'"):
         pack("best", np.array([3]), seq_len=8)
+    with pytest.raises(EtlError, match=r"takes no option \['buffer_docs'\]; its options: \['seed'\]"):
+        pack("sequential", np.array([3]), seq_len=8, buffer_docs=4)
+    # Options reach the packer: windows [5, 4] | [3] need 3 bins, the whole input 2 (5+3, 4).
+    assert pack("bfd", np.array([5, 4, 3]), seq_len=8, buffer_docs=2, seed=7).num_packs == 3
+    assert pack("bfd", np.array([5, 4, 3]), seq_len=8, seed=7).num_packs == 2
     assert {"bfd", "ffd", "sequential"} <= set(PACKERS)
 
 
