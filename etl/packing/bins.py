@@ -271,7 +271,7 @@ def bfd(
 
     Trade-off: the fewest bins of the whole-example packers (T0, 1M lengths at S=2048: 0.084%
     over ceil(sum / S), as many as TRL 1.16's BFD) in O(N log N) plus a Python step per run
-    (~0.25 s CPU for those 1M); examples lose their order. Windows cost bins: 0.55% over the
+    (~0.3 s for those 1M); examples lose their order. Windows cost bins: 0.55% over the
     bound with ``buffer_docs=1000``. An example longer than ``seq_len`` counts as ``seq_len``
     tokens (one piece of length S; the caller decides which end it keeps).
 
