@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/loader_throughput.py
 	$(BIN)/python bench/big_record.py
 	$(BIN)/python bench/hot_path.py
+	$(BIN)/python bench/packing.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check etl tests bench examples

@@ -9,7 +9,8 @@ Lengths: the `num_tokens` column of T0-train-50k through `etl run` (Qwen2.5, cha
 N lengths are drawn from it with replacement (seed 0). Utilization = real tokens / (packs x S);
 "over bound" = packs over ceil(sum / S), the fewest packs possible. A last section packs the
 first 20k T0 chats, the set the issue quotes TRL 1.16 on; TRL runs on the same lengths when
-`trl` and `datasets` are importable.
+`trl` and `datasets` are importable. The last table is the loader's real tokens/s at B=32,
+T=2048 in one process, padded vs packed (index and online), on that T0 output.
 """
 
 from __future__ import annotations
@@ -114,6 +115,22 @@ def trl_section(lengths: np.ndarray, seq_len: int, repeats: int) -> list[list[st
     return rows
 
 
+def loader_section(dst: Path, batches: int) -> list[str]:
+    """Real tokens/s of `ParquetLoader` batches (B=32, T=2048, one process) padded vs packed."""
+    from loader_throughput import B, T, measure  # bench/ is sys.path[0] when run as a script
+
+    from etl.packing.index import build_pack_index
+    from etl.packing.index_io import write_pack_index
+
+    write_pack_index(dst, {"train": build_pack_index(dst, "train", strategy="bfd", seq_len=T + 1)})
+    lines = [f"| loader, B={B} T={T}, workers=0 | batches | s | real tokens/s | fill |", "|---|---:|---:|---:|---:|"]
+    for label, kwargs in (("padded (collate=fixed)", {}), ("packed bfd, etl pack index", {"packing": "bfd"}),
+                          ("packed bfd online per epoch (max_docs_per_bin=64)", {"packing": "bfd", "pack_options": {"max_docs_per_bin": 64}})):
+        n, seconds, shape, real, _ = measure(dst, batches, num_workers=0, **kwargs)
+        lines.append(f"| {label} | {n} | {seconds:.2f} | {real / seconds / 1e6:.1f}M | {real / shape:.3f} |")
+    return lines
+
+
 def print_table(title: str, rows: list[list[str]]) -> None:
     """A markdown table of `row`s under a title line."""
     head = ["strategy", "N", "wall s", "CPU s", "packs", "utilization", "over bound %"]
@@ -131,6 +148,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="timed calls per row; the fastest is shown")
     p.add_argument("--seed", type=int, default=0, help="seed of the draw with replacement")
     p.add_argument("--no-trl", action="store_true", help="skip TRL even when it is importable")
+    p.add_argument("--loader-batches", type=int, default=300, help="batches timed per loader row (0: skip)")
     p.add_argument("--shared", type=Path, default=SHARED, help="the shared data folder (T0, Qwen2.5)")
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "etl-bench")
     args = p.parse_args()
@@ -151,6 +169,8 @@ def main() -> int:
     rows += [] if args.no_trl else trl_section(first, args.seq_len, args.repeats)
     print_table("The first 20,000 T0 chats", rows)
     print(f"\n{TRL_ISSUE}")
+    if args.loader_batches:
+        print("\n" + "\n".join(loader_section(args.cache / f"t0-prompt-completion-S{args.seq_len}", args.loader_batches)))
     return 0
 
 
