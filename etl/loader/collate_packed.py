@@ -143,9 +143,8 @@ def _grid(
 ) -> _Grid:
     """Lay the pieces out in rows: (B, S) tokens and rules, (B, T) segments and positions.
 
-    Each per-cell array is one ``np.repeat`` of an item row (5-25 us at B=32, S=2049), ~4x
-    cheaper than gathering through a cell -> item index. Large temporaries are few on purpose:
-    a fresh 0.5 MB array pays its page faults (~0.1 ms where freed heap is given back).
+    Each per-cell array is one ``np.repeat`` of an item row (10-25 us at B=32, S=2049), ~4x
+    cheaper than gathering through a cell -> item index; temporaries are few (src, tokens).
     """
     it = _items(batch, seq_len)
     num_rows, width = batch.num_rows, seq_len - 1
