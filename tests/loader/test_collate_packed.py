@@ -115,6 +115,8 @@ def test_empty_rows_and_registry() -> None:
         ({}, {"train_on_eos": False}, "eos_id"),
         ({"mask": None}, {}, "use_loss_mask=False"),
         ({"row": np.array([1, 0, 1])}, {}, "malformed"),
+        ({"row": np.array([-1, -1, 0])}, {}, "malformed"),
+        ({"row": np.array([0, 0, 2])}, {}, "malformed"),
         ({"segment": np.array([1, 3, 1])}, {}, "malformed"),
         ({}, {"target": "z"}, "target"),
     ],
