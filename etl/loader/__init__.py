@@ -5,6 +5,8 @@ Names are imported lazily (PEP 562) so `etl export` and other torch-free users d
     loader = ParquetLoader("parquet/", batch_size=32, seed=0)
     for batch in loader:  # x, y, loss_mask, attention_mask
         loss = model(batch["x"], batch["y"])
+
+    packed = ParquetLoader("parquet/", batch_size=8, packing="bfd")  # + segment_ids, position_ids, ...
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ _EXPORTS = {
     "collate_fixed": "collate",
     "collate_longest": "collate",
     "resolve_pad_id": "collate",
+    "collate_packed": "collate_packed",
+    "PACKED_COLLATE_FNS": "collate_packed",
+    "document_block_mask": "attention",
+    "document_sdpa_mask": "attention",
+    "PackSampler": "pack_sampler",
     "Ragged": "etl.ragged",  # lives at the top: output/ uses it too
     "TorchCollate": "device",
     "EpisodeDataLoader": "episode_loader",
