@@ -20,10 +20,9 @@ from etl.loader.dataset import ParquetDataset
 from etl.loader.pack_request import PackRequest
 from etl.loader.samplers import _BatchSampler, epoch_order, split_for_rank
 from etl.output.parts import open_part
-from etl.packing.index import SPLITTING, PackIndex
-from etl.packing.index import _stream_turns as stream_turns
+from etl.packing.index import SPLITTING, PackIndex, stream_turns
 from etl.packing.index_io import read_pack_index
-from etl.packing.pieces import Packing
+from etl.packing.pieces import Packing, keep_end
 from etl.packing.registry import PACKERS, pack
 from etl.packing.turn_spans import TurnSpans
 
@@ -36,13 +35,6 @@ def request_for(packing: Packing, packs: np.ndarray, doc_rows: np.ndarray | None
         rows=sub.doc if doc_rows is None else doc_rows[sub.doc], start=sub.start, length=sub.length, row=sub.pack,
         segment=sub.segments(), num_rows=len(packs), trained=sub.trained,
     )
-
-
-def keep_end(packing: Packing, lengths: np.ndarray, truncation: str) -> Packing:
-    """Left truncation of clipped whole examples: keep the last S tokens, not the first."""
-    if truncation != "left":
-        return packing
-    return replace(packing, start=lengths[packing.doc] - packing.length)
 
 
 def online_packing(
@@ -74,7 +66,7 @@ def online_packing(
     packing = pack(strategy, lengths[order], seq_len=seq_len, seed=seed + epoch, **extra)
     packing = replace(packing, doc=order[packing.doc])
     # Whole-example packers clip an example longer than S; `truncation` picks the end kept.
-    return packing if strategy in SPLITTING else keep_end(packing, lengths, truncation)
+    return packing if strategy in SPLITTING or truncation != "left" else keep_end(packing, lengths)
 
 
 class PackSampler(_BatchSampler):

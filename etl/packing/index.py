@@ -21,7 +21,7 @@ from etl import columns as c
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
 from etl.output.parts import fingerprint, listed_parts, listed_splits, open_part
-from etl.packing.pieces import Packing
+from etl.packing.pieces import Packing, keep_end
 
 # Strategies that cut an example longer than S into pieces of several packs (no token lost);
 # the others place whole examples, so a longer one is clipped to S first (`truncation`).
@@ -147,15 +147,13 @@ def build_pack_index(
     options = {k: v for k, v in options.items() if v is not None}
     extra: dict[str, Any] = {}
     if strategy == "stream":
-        extra["turns"] = _stream_turns(dst, split, manifest, table.column(c.ID))
+        extra["turns"] = stream_turns(dst, split, manifest, table.column(c.ID))
     whole = strategy not in SPLITTING
     fed = np.minimum(lengths, seq_len) if whole else lengths
     packing = pack(strategy, fed, seq_len=int(seq_len), seed=int(seed), **options, **extra)
     clipped = int(np.count_nonzero(lengths > seq_len)) if whole else 0
     if clipped and truncation == "left":  # keep the last S tokens: the piece starts len - S in
-        cut = np.maximum(lengths - seq_len, 0)
-        packing = Packing(doc=packing.doc, start=packing.start + cut[packing.doc], length=packing.length,
-                          pack=packing.pack, num_packs=packing.num_packs, trained=packing.trained)
+        packing = keep_end(packing, lengths)
     _check(packing, lengths, seq_len)
     ids = table.column(c.ID).take(pa.array(packing.doc)).to_numpy(zero_copy_only=False)
     return PackIndex(packing=packing, strategy=strategy, seq_len=int(seq_len), seed=int(seed),
@@ -163,7 +161,7 @@ def build_pack_index(
                      clipped=clipped, truncation=truncation)
 
 
-def _stream_turns(dst: str | os.PathLike[str], split: str, manifest: dict[str, Any], ids: Any) -> Any:
+def stream_turns(dst: str | os.PathLike[str], split: str, manifest: dict[str, Any], ids: Any) -> Any:
     """Seed 001's role spans of the split's examples, from its kept `turns` rows."""
     from etl.packing.turn_spans import header_lengths, turn_spans
 

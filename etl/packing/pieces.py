@@ -8,7 +8,7 @@ extra, untrained pieces. Arrays only: 1M pieces cost ~40 MB.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -100,6 +100,12 @@ class Packing:
             num_packs=len(packs),
             trained=None if self.trained is None else self.trained[src],
         )
+
+
+def keep_end(packing: Packing, lengths: np.ndarray) -> Packing:
+    """Left truncation of whole examples clipped to S: each piece keeps its example's last
+    tokens (starts at ``len - length``) instead of its first; unclipped pieces start at 0."""
+    return replace(packing, start=np.asarray(lengths, dtype=np.int64)[packing.doc] - packing.length)
 
 
 def whole_examples(bins: np.ndarray, lengths: np.ndarray, num_packs: int) -> Packing:

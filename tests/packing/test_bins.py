@@ -150,7 +150,7 @@ def test_same_bins_as_the_per_item_loop(case, side_by_side):
     lengths, seq_len, max_docs, window = case
     arr = np.array(lengths, dtype=np.int64)
     for fn, best in ((bfd, True), (ffd, False)):
-        with mock.patch.object(bins, "_side_by_side_cheaper", return_value=side_by_side):
+        with mock.patch.object(bins, "side_by_side_cheaper", return_value=side_by_side):
             p = fn(arr, seq_len=seq_len, max_docs_per_bin=max_docs, buffer_docs=window)
         check_whole(p, arr, seq_len)
         expected, count = reference(lengths, seq_len, best=best, max_docs=max_docs, window=window)
