@@ -150,3 +150,18 @@ def test_online_packing_equals_the_index_in_file_order(tmp_path: Path, strategy:
     assert [{k: v.tolist() for k, v in b.items()} for b in loader] == online
     trained = sum(sum(b["loss_mask"][0]) + sum(b["loss_mask"][-1]) for b in online)
     assert trained > 0
+
+
+def test_workers_deliver_the_same_packed_batches(dst: Path) -> None:
+    # Packs travel to DataLoader workers as PackRequests; each worker reads the split itself.
+    args = {"batch_size": 4, "packing": "bfd", "seed": 6, "drop_last": False}
+    inline = [b["x"].tolist() for b in ParquetLoader(dst, **args)]
+    workers = [b["x"].tolist() for b in ParquetLoader(dst, num_workers=2, **args)]
+    assert workers == inline
+
+
+def test_row_groups_are_read_when_the_split_does_not_fit_the_cache(dst: Path) -> None:
+    cached = [b["y"].tolist() for b in ParquetLoader(dst, batch_size=4, packing="bfd", seed=2)]
+    small = ParquetLoader(dst, batch_size=4, packing="bfd", seed=2, cache_mb=0)
+    assert [b["y"].tolist() for b in small] == cached
+    assert small.dataset._whole is None and small.dataset.row_group_reads > 0
