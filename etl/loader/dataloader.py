@@ -176,26 +176,43 @@ class ParquetLoader:
                 truncation=truncation, mask_dtype=mask_dtype,
             )
         else:
-            _check_choice("target", target, ["labels", "y"])
             if sampler != "epoch":
                 raise EtlError("packing works with sampler='epoch' (every pack once per epoch)")
-            self.sampler = make_pack_sampler(
-                self.dataset, strategy=packing, seq_len=self.seq_len, options=pack_options,
-                blocks=self.dataset.row_groups if window and shuffle else 0, mix=max(window, 1),
-                truncation=truncation, rank=self.rank, world_size=self.world_size, **common,
+            self._make_packed(
+                packing, pack_options=pack_options, window=window, truncation=truncation,
+                collate_options={"use_loss_mask": use_loss_mask, "target": target,
+                                 "mask_dtype": np.float32 if mask_dtype == "float32" else np.bool_,
+                                 "mask_boundary_loss": mask_boundary_loss, "train_on_eos": train_on_eos,
+                                 "eos_id": resolve_eos_id(eos_id, manifest)},
+                **common,
             )
-            self.collate_fn = TorchCollate("packed", {
-                "seq_len": self.seq_len, "pad_id": self.pad_id, "use_loss_mask": use_loss_mask,
-                "mask_dtype": np.float32 if mask_dtype == "float32" else np.bool_,
-                "target": target, "mask_boundary_loss": mask_boundary_loss,
-                "train_on_eos": train_on_eos, "eos_id": resolve_eos_id(eos_id, manifest),
-            })
         self.num_workers = num_workers
         self.dataloader = DataLoader(
             self.dataset, batch_sampler=self.sampler, collate_fn=self.collate_fn,
             num_workers=num_workers, pin_memory=self.device.type == "cuda",
         )
         self.epoch, self.position = 0, 0
+
+    def _make_packed(
+        self,
+        strategy: str,
+        *,
+        pack_options: dict[str, Any] | None,
+        window: int,
+        truncation: Truncation,
+        collate_options: dict[str, Any],
+        **common: Any,
+    ) -> None:
+        """Sampler of packs (`make_pack_sampler`) and the packed collate with this loader's S."""
+        _check_choice("target", collate_options["target"], ["labels", "y"])
+        self.sampler = make_pack_sampler(
+            self.dataset, strategy=strategy, seq_len=self.seq_len, options=pack_options,
+            blocks=self.dataset.row_groups if window and common["shuffle"] else 0, mix=max(window, 1),
+            truncation=truncation, rank=self.rank, world_size=self.world_size, **common,
+        )
+        self.collate_fn = TorchCollate(
+            "packed", {"seq_len": self.seq_len, "pad_id": self.pad_id, **collate_options}
+        )
 
     def _make_collate(
         self,
