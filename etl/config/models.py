@@ -32,6 +32,7 @@ from etl.config.check import STRICT, describe, field_of, file_annotation, not_al
 from etl.config.fields import Declared, Limit
 from etl.config.run_config import SECTIONS, MaskAction, MaskKey, Truncation, file_settings
 from etl.errors import EtlError
+from etl.formats.base import RUN_ARGS
 from etl.formats.registry import BUILDERS
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -45,9 +46,9 @@ def create_model(name: str, **fields: Any) -> type[BaseModel]:
 
 
 def builder_options(input_type: str) -> dict[str, inspect.Parameter]:
-    """The options of an input type: its builder's keyword arguments (`roles` comes from the mask)."""
+    """The options of an input type: its builder's keyword arguments (less those the run supplies)."""
     params = inspect.signature(BUILDERS[input_type], eval_str=True).parameters
-    return {name: p for name, p in params.items() if p.kind is p.KEYWORD_ONLY and name != "roles"}
+    return {name: p for name, p in params.items() if p.kind is p.KEYWORD_ONLY and name not in RUN_ARGS}
 
 
 def _option(p: inspect.Parameter, input_type: str) -> tuple[Any, Any]:

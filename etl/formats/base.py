@@ -26,6 +26,12 @@ KEYS_SHOWN = 12
 KEY_CHARS = 40
 # The canonical message; train/weight stay NULL unless the record sets them per message.
 MESSAGE_TYPE = "struct(role varchar, content varchar, train boolean, weight double)"
+# Conversation builders add a message's reasoning and its tool calls (each call's JSON text).
+CHAT_MESSAGE_TYPE = ("struct(role varchar, content varchar, train boolean, weight double, "
+                     "reasoning varchar, calls varchar[])")
+# Builder arguments that the run supplies, not the config: the template's roles, and whether
+# the template renders tools and tool calls itself (else they are text in the messages).
+RUN_ARGS = ("roles", "template_tools")
 NL = "chr(10)"  # DuckDB string literals have no escapes: a newline is chr(10)
 
 

@@ -15,7 +15,7 @@ from etl.errors import EtlError
 from etl.formats.base import (
     HEAD_DETAILS,
     HEAD_REASONS,
-    MESSAGE_TYPE,
+    CHAT_MESSAGE_TYPE,
     NL,
     BuilderQuery,
     Slots,
@@ -31,13 +31,21 @@ from etl.formats.base import (
     register_builder,
     type_words,
 )
-from etl.formats.conversation_sql import PART_DETAIL, PART_ERROR, QUERY, TEXT
+from etl.formats.conversation_sql import CALL_PARTS, PART_DETAIL, PART_ERROR, QUERY, REASONING_PARTS, TEXT
 
 SHAREGPT_ROLES = {
     "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
     "function_call": "assistant", "observation": "tool", "tool": "tool",
 }
 DEFAULT_TOOLS_PREFIX = "# Tools\n\n"
+# Where reasoning comes from: message fields (DeepSeek-R1 / Qwen3 / vLLM `reasoning_content`, the
+# first present wins) and content parts (LLaMA-Factory's `reasoning`); tool calls from parts too.
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+REASONING_PART_TYPES = ("reasoning", "thinking")
+TOOL_CALL_PART_TYPES = ("tool_call",)
+# Message keys a conversation record may carry that etl reads elsewhere or that carry no text
+# (OpenAI's `name`, a tool message's `tool_call_id`): never reported as ignored.
+KNOWN_MESSAGE_KEYS = ("name", "tool_call_id", "id")
 
 def conversation_query(
     *,
@@ -55,6 +63,12 @@ def conversation_query(
     tools_key: str | None,
     tools_prefix: str,
     domain_key: str | None,
+    reasoning_keys: Sequence[str] = REASONING_KEYS,
+    reasoning_part_types: Sequence[str] = REASONING_PART_TYPES,
+    tool_call_part_types: Sequence[str] = TOOL_CALL_PART_TYPES,
+    tool_call_roles: Sequence[str] = (),
+    parse_think: bool = True,
+    template_tools: bool = False,
 ) -> BuilderQuery:
     """The shared query of `chat` and `sharegpt`; every key and string is a bound parameter."""
     for option, key in (("messages_key", messages_key), ("role_key", role_key), ("content_key", content_key)):
@@ -63,20 +77,31 @@ def conversation_query(
                         ("system_key", system_key), ("tools_key", tools_key), ("domain_key", domain_key)):
         check_key(option, key, optional=True)
     check_distinct(role_key=role_key, content_key=content_key, train_key=train_key,
-                   weight_key=weight_key, tool_calls_key=tool_calls_key)
+                   weight_key=weight_key, tool_calls_key=tool_calls_key,
+                   **{f"reasoning_keys[{i}]": k for i, k in enumerate(reasoning_keys)})
     if not isinstance(role_map, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in role_map.items()
     ):
         raise EtlError(f"input.role_map is {role_map!r}; expected an object of source role -> role")
-    if isinstance(text_part_types, str) or not all(isinstance(t, str) for t in text_part_types):
-        raise EtlError(f"input.text_part_types is {text_part_types!r}; expected a list of part type names")
+    for option, names in (("text_part_types", text_part_types), ("reasoning_part_types", reasoning_part_types),
+                          ("tool_call_part_types", tool_call_part_types), ("reasoning_keys", reasoning_keys),
+                          ("tool_call_roles", tool_call_roles)):
+        if isinstance(names, str) or not all(isinstance(t, str) and t for t in names):
+            raise EtlError(f"input.{option} is {names!r}; expected a list of names")
+    if not isinstance(parse_think, bool):
+        raise EtlError(f"input.parse_think is {parse_think!r}; expected true or false")
     if not isinstance(part_separator, str) or not isinstance(tools_prefix, str):
         raise EtlError("input.part_separator and input.tools_prefix must be strings")
+    # A part type read as text is text only (a config that lists `reasoning` in text_part_types).
+    reasoning_part_types = [t for t in reasoning_part_types if t not in text_part_types]
+    tool_call_part_types = [t for t in tool_call_part_types if t not in text_part_types]
     msg = Slots("x")
     per_message = {
         "role": msg.slot(role_key), "content": msg.slot(content_key), "train": msg.slot(train_key),
         "weight": msg.slot(weight_key), "calls": msg.slot(tool_calls_key),
     }
+    reasoning = [msg.slot(k) for k in reasoning_keys]
+    per_message["reasoning"] = f"coalesce({', '.join(reasoning)})" if reasoning else "null::json"
     top = Slots("rec")
     slots = {
         "msgs": top.slot(messages_key, [msg.structure()]),
@@ -89,9 +114,13 @@ def conversation_query(
         text=TEXT,
         part_detail=PART_DETAIL,
         role_is_string=is_string("p.m.role"),
+        reasoning_is_string=is_string("p.m.reasoning"),
+        reasoning_parts=REASONING_PARTS,
+        call_parts=CALL_PARTS,
+        kind_reasoning=kind(p + "reasoning"),
         sys_is_string=is_string("sys"),
         nl=NL,
-        message=MESSAGE_TYPE,
+        message=CHAT_MESSAGE_TYPE,
         head=HEAD_REASONS,
         head_details=HEAD_DETAILS,
         absent_msgs=absent_reason("msgs", "$messages_path", "not_a_list"),
@@ -109,6 +138,9 @@ def conversation_query(
         "parts": json.dumps([{"type": "JSON", "text": "JSON", "value": "JSON"}]),
         "map_from": list(role_map), "map_to": list(role_map.values()),
         "part_types": list(text_part_types), "sep": part_separator, "tools_prefix": tools_prefix,
+        "reasoning_part_types": list(reasoning_part_types), "tool_call_part_types": list(tool_call_part_types),
+        "tool_call_roles": list(tool_call_roles), "parse_think": parse_think, "template_tools": template_tools,
+        "reasoning_key": "/".join(reasoning_keys),
         "messages_key": messages_key, "role_key": role_key, "content_key": content_key,
         "train_key": train_key or "", "weight_key": weight_key or "",
         "system_key": system_key or "", "tools_key": tools_key or "", "tool_calls_key": tool_calls_key or "",
@@ -130,20 +162,29 @@ def chat_builder(
     text_part_types: Sequence[str] = ("text",),
     part_separator: str = "",
     system_key: str | None = None,
-    tools_key: str | None = None,
+    tools_key: str | None = "tools",
     tools_prefix: str = DEFAULT_TOOLS_PREFIX,
     domain_key: str | None = None,
+    reasoning_keys: Sequence[str] = REASONING_KEYS,
+    reasoning_part_types: Sequence[str] = REASONING_PART_TYPES,
+    tool_call_part_types: Sequence[str] = TOOL_CALL_PART_TYPES,
+    parse_think: bool = True,
+    template_tools: bool = False,
     **_: Any,
 ) -> BuilderQuery:
     """OpenAI-style `{"messages": [{"role", "content"}]}` records.
 
     Content is a string or a list of parts; the text of parts whose `type` is in
     `text_part_types` is joined with `part_separator` in order (`text` or, LLaMA-Factory's
-    spelling, `value`); any other part (an image, audio) rejects the record as
-    `unsupported_content`, since silently dropping it would train on a different sample.
-    An assistant message's `tool_calls` list is rendered as its compact JSON text: it is the
-    whole content when `content` is null or empty, else it follows the content after a
-    newline. `train` (bool) and `weight` (number >= 0) per message pass through as
+    spelling, `value`); parts of `reasoning_part_types` are the message's reasoning and parts
+    of `tool_call_part_types` its tool calls; any other part (an image, audio) rejects the
+    record as `unsupported_content`, since silently dropping it would train on a different
+    sample. Reasoning also comes from the first of `reasoning_keys` a message has, and, with
+    `parse_think`, from `<think>...</think>` at the start of assistant content (Qwen3's rule).
+    Tool calls (`tool_calls_key`, OpenAI's `{type, function: {name, arguments}}` or
+    `{name, arguments}`) and the top-level tools (`tools_key`) are rendered by a template that
+    has a tool format (chatml, hf); with any other template a message's calls are their JSON
+    text after the content (after a newline) and the tools are text in the system message. `train` (bool) and `weight` (number >= 0) per message pass through as
     `train`/`weight` (LLaMA-Factory's v1 data names the weight `loss_weight`). `role_map`
     renames source roles before the roles are checked against the template's. With
     `system_key` / `tools_key` set, a top-level system prompt and tool list are handled as in
@@ -154,6 +195,8 @@ def chat_builder(
         train_key=train_key, weight_key=weight_key, tool_calls_key=tool_calls_key,
         role_map=role_map or {}, text_part_types=text_part_types, part_separator=part_separator,
         system_key=system_key, tools_key=tools_key, tools_prefix=tools_prefix, domain_key=domain_key,
+        reasoning_keys=reasoning_keys, reasoning_part_types=reasoning_part_types,
+        tool_call_part_types=tool_call_part_types, parse_think=parse_think, template_tools=template_tools,
     )
 
 
@@ -170,9 +213,15 @@ def sharegpt_builder(
     text_part_types: Sequence[str] = ("text",),
     part_separator: str = "",
     system_key: str | None = "system",
-    tools_key: str | None = None,
+    tools_key: str | None = "tools",
     tools_prefix: str = DEFAULT_TOOLS_PREFIX,
     domain_key: str | None = None,
+    tool_call_roles: Sequence[str] = ("function_call",),
+    reasoning_keys: Sequence[str] = REASONING_KEYS,
+    reasoning_part_types: Sequence[str] = REASONING_PART_TYPES,
+    tool_call_part_types: Sequence[str] = TOOL_CALL_PART_TYPES,
+    parse_think: bool = True,
+    template_tools: bool = False,
     **_: Any,
 ) -> BuilderQuery:
     """ShareGPT / Vicuna / LLaMA-Factory `{"conversations": [{"from", "value"}]}` records.
@@ -180,10 +229,12 @@ def sharegpt_builder(
     Source roles are renamed by `SHAREGPT_ROLES` (human/gpt/function_call/observation ...)
     updated with `role_map`, so `role_map` can both override and extend it. A non-empty
     top-level `system` string becomes a leading system message, unless the conversation
-    already starts with one, which wins (as in LLaMA-Factory). Tools: off by default, because
-    how a model sees its tools is a template decision; with `tools_key` set (LLaMA-Factory's
-    `tools`, a JSON string or a list), `tools_prefix` + the tools text is appended to the
-    system message (one is created when there is none), separated by a blank line.
+    already starts with one, which wins (as in LLaMA-Factory). Tools (`tools_key`,
+    LLaMA-Factory's `tools`, a JSON string or a list) are rendered by a template with a tool
+    format; with another template `tools_prefix` + the tools text is appended to the system
+    message (one is created when there is none), separated by a blank line. A message whose
+    source role is in `tool_call_roles` (glaive's `function_call`) is an assistant tool call
+    whose content is the call's JSON, under a template with a tool format.
     """
     if role_map is not None and not isinstance(role_map, Mapping):
         raise EtlError(f"input.role_map is {role_map!r}; expected an object of source role -> role")
@@ -192,5 +243,7 @@ def sharegpt_builder(
         train_key=train_key, weight_key=weight_key, tool_calls_key=None,
         role_map={**SHAREGPT_ROLES, **(role_map or {})}, text_part_types=text_part_types,
         part_separator=part_separator, system_key=system_key, tools_key=tools_key,
-        tools_prefix=tools_prefix, domain_key=domain_key,
+        tools_prefix=tools_prefix, domain_key=domain_key, reasoning_keys=reasoning_keys,
+        reasoning_part_types=reasoning_part_types, tool_call_part_types=tool_call_part_types,
+        tool_call_roles=tool_call_roles, parse_think=parse_think, template_tools=template_tools,
     )

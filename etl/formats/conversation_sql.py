@@ -18,7 +18,8 @@ parsed as (
         *,
         list_transform(msgs, lambda x: struct_pack(
             m := struct_pack(role := {role}, content := {content}, train := {train},
-                             weight := {weight}, calls := {calls}),
+                             weight := {weight}, calls := {calls}, reasoning := {reasoning}),
+            source_role := {role} ->> '$',
             role := coalesce($map_to[list_position($map_from, {role} ->> '$')], {role} ->> '$'),
             parts := case when starts_with({content}, '[') then json_transform({content}, $parts) end,
             train := case {train} when 'true' then true when 'false' then false end,
@@ -30,13 +31,15 @@ checked as (
     select
         *,
         list_transform(ps, lambda p: case
-            when coalesce(p.m.role, p.m.content, p.m.train, p.m.weight, p.m.calls) is null
+            when coalesce(p.m.role, p.m.content, p.m.train, p.m.weight, p.m.calls, p.m.reasoning) is null
                 then 'message_not_an_object'
             when not {role_is_string} then 'bad_role'
             when not list_contains($roles, p.role) then 'unknown_role'
             when p.m.calls is not null and not starts_with(p.m.calls, '[') then 'bad_tool_calls'
+            when p.m.reasoning is not null and not {reasoning_is_string} then 'bad_reasoning'
             when p.m.content is null and coalesce(p.m.calls, '[]') = '[]' then 'bad_content'
-            when not (starts_with(p.m.content, '"') or starts_with(p.m.content, '[')) then 'bad_content'
+            when p.m.content is not null and not (starts_with(p.m.content, '"') or starts_with(p.m.content, '['))
+                then 'bad_content'
             when p.m.content = '[]' then 'empty_content'
             else coalesce(
                 list_filter(list_transform(p.parts, lambda q: {part_error}), lambda e: e is not null)[1],
@@ -53,26 +56,63 @@ checked as (
         -- An empty tool list is no tools, whether it is JSON ([]) or a JSON string of JSON
         -- ("[]", as glaive stores it): decode a string first, then compare the trimmed text.
         case when starts_with(tools, '"') then trim(tools ->> '$') else tools::varchar end as tools_raw,
-        case when tools_raw is null or tools_raw in ('', '[]', '{{}}') then null
-            else $tools_prefix || tools_raw end as tools_text,
+        case when tools_raw is null or tools_raw in ('', '[]', '{{}}') then null else tools_raw end as tools_raw_kept,
+        -- Templates that render tools themselves get them as the `tools` column; others read
+        -- them as text in the system message.
+        case when not $template_tools and tools_raw_kept is not null then $tools_prefix || tools_raw_kept end as tools_text,
         coalesce(ps[1].role = 'system', false) as has_system,
         not has_system and coalesce(sys_text, tools_text) is not null as add_system
     from parsed
 ),
-built as (
+split as (
     select
         *,
         list_transform(ps, lambda p: struct_pack(
-            role := p.role,
-            content := case
-                when coalesce(p.m.calls, '[]') <> '[]' then concat_ws({nl}, nullif({text}, ''), p.m.calls::varchar)
-                when p.parts is null then p.m.content ->> '$'
-                when len(p.parts) = 1 then coalesce(p.parts[1].text, p.parts[1].value) ->> '$'
-                else {text} end,
-            train := p.train,
-            weight := p.weight
-        )::{message}) as base
+            p := p,
+            text := coalesce({text}, ''),
+            reasoning := coalesce(p.m.reasoning ->> '$', nullif({reasoning_parts}, '')),
+            -- tool calls: the message's list (each item's JSON text) then its tool_call parts
+            calls := list_concat(
+                case when starts_with(p.m.calls, '[') then json_transform(p.m.calls, '["JSON"]')::varchar[] end,
+                {call_parts},
+                case when list_contains($tool_call_roles, p.source_role) and $template_tools
+                    then [{text}] end)
+        )) as ss
     from checked
+),
+think as (
+    -- Inline reasoning (`<think>R</think>C` in assistant content, distilled reasoning data) is
+    -- split off as Qwen3's template does: R is what precedes the first </think>, after the
+    -- last <think> before it, newlines trimmed; C follows the last </think>, leading newlines trimmed.
+    select
+        *,
+        list_transform(ss, lambda s: case
+            when $parse_think and s.p.role = 'assistant' and s.reasoning is null
+                and contains(s.text, '</think>') and not list_contains($tool_call_roles, s.p.source_role)
+            then struct_pack(p := s.p,
+                text := ltrim(string_split(s.text, '</think>')[-1], {nl}),
+                reasoning := ltrim(string_split(rtrim(string_split(s.text, '</think>')[1], {nl}), '<think>')[-1], {nl}),
+                calls := s.calls)
+            else s end) as ts
+    from split
+),
+built as (
+    select
+        *,
+        list_transform(ts, lambda s: struct_pack(
+            role := s.p.role,
+            content := case
+                when list_contains($tool_call_roles, s.p.source_role) and $template_tools then ''
+                when $template_tools or coalesce(len(s.calls), 0) = 0 then s.text
+                -- a template without a tool-call format: the calls' JSON text after the content
+                when coalesce(s.p.m.calls, '[]') <> '[]' then concat_ws({nl}, nullif(s.text, ''), s.p.m.calls::varchar)
+                else concat_ws({nl}, nullif(s.text, ''), array_to_string(s.calls, {nl})) end,
+            train := s.p.train,
+            weight := s.p.weight,
+            reasoning := s.reasoning,
+            calls := case when $template_tools and len(s.calls) > 0 then s.calls end
+        )::{message}) as base
+    from think
 ),
 final as (
     select
@@ -104,6 +144,7 @@ final as (
                     || '; expected one of ' || array_to_string($roles, ', ')
                     || case when ps[err_at].role = (ps[err_at].m.role ->> '$') and len($map_from) > 0
                         then ' or a role_map key (' || array_to_string($map_from, ', ') || ')' else '' end
+                when 'bad_reasoning' then '"' || $reasoning_key || '" is ' || {kind_reasoning} || ', not a string'
                 when 'bad_tool_calls' then '"' || $tool_calls_key || '" is ' || {kind_calls} || ', not a list'
                 when 'bad_content' then case
                     when ps[err_at].m.content is null then 'has no "' || $content_key || '"'
@@ -120,33 +161,53 @@ final as (
         end as detail,
         case when reason is null then case
             when add_system then [struct_pack(role := 'system', content := concat_ws({nl} || {nl}, sys_text, tools_text),
-                                              train := null::boolean, weight := null::double)::{message}] || base
+                train := null::boolean, weight := null::double, reasoning := null::varchar,
+                calls := null::varchar[])::{message}] || base
             when tools_text is not null then [struct_pack(role := 'system',
                 content := concat_ws({nl} || {nl}, nullif(base[1].content, ''), tools_text),
-                train := base[1].train, weight := base[1].weight)::{message}] || base[2:]
+                train := base[1].train, weight := base[1].weight, reasoning := base[1].reasoning,
+                calls := base[1].calls)::{message}] || base[2:]
             else base end
         end as messages,
+        case when reason is null and $template_tools then tools_raw_kept end as tools,
         dom ->> '$' as domain,
         case when reason is not null then left(line, $preview) end as raw
     from built
 )
-select source_line, reason, detail, raw, messages, domain from final"""
+select source_line, reason, detail, raw, messages, domain, tools from final"""
 
 # A message's text: the string content, or its text parts joined (a single part is the common
 # case and skips the join, ~40% of this step on LLaMA-Factory v1 data).
 TEXT = """(case when p.parts is null then p.m.content ->> '$'
-    else array_to_string(list_transform(p.parts, lambda q: coalesce(q.text, q.value) ->> '$'), $sep) end)"""
+    when len(p.parts) = 1 and list_contains($part_types, p.parts[1].type ->> '$')
+        then coalesce(p.parts[1].text, p.parts[1].value) ->> '$'
+    else array_to_string(list_transform(list_filter(p.parts, lambda q: list_contains($part_types, q.type ->> '$')),
+        lambda q: coalesce(q.text, q.value) ->> '$'), $sep) end)"""
+
+# Reasoning parts (`reasoning` / `thinking`) joined like text parts; '' when there are none.
+REASONING_PARTS = """array_to_string(list_transform(
+    list_filter(coalesce(p.parts, []), lambda q: list_contains($reasoning_part_types, q.type ->> '$')),
+    lambda q: coalesce(q.text, q.value) ->> '$'), $sep)"""
+
+# Tool-call parts (LLaMA-Factory's `tool_call`): the call's JSON text, whether the part holds it
+# as a string or as an object.
+CALL_PARTS = """list_transform(
+    list_filter(coalesce(p.parts, []), lambda q: list_contains($tool_call_part_types, q.type ->> '$')),
+    lambda q: case when starts_with(coalesce(q.value, q.text), '"') then coalesce(q.value, q.text) ->> '$'
+        else coalesce(q.value, q.text)::varchar end)"""
 
 # Per content part: the first problem, NULL for a usable text part.
 PART_ERROR = """case
     when q is null or coalesce(q.type, q.text, q.value) is null or not {type_is_string} then 'bad_content_part'
-    when not list_contains($part_types, q.type ->> '$') then 'unsupported_content'
+    when list_contains($tool_call_part_types, q.type ->> '$') then case
+        when not ({text_is_string} or starts_with(coalesce(q.text, q.value), '{{')) then 'bad_content_part' end
+    when not list_contains($part_types || $reasoning_part_types, q.type ->> '$') then 'unsupported_content'
     when not {text_is_string} then 'bad_content_part'
 end""".format(type_is_string=is_string("q.type"), text_is_string=is_string("coalesce(q.text, q.value)"))
 
 PART_DETAIL = """'content part ' || (part_at - 1) || case
     when errs[err_at] = 'unsupported_content' then ' has type "' || (ps[err_at].parts[part_at].type ->> '$')
-        || '"; supported part types: ' || array_to_string($part_types, ', ')
+        || '"; supported part types: ' || array_to_string($part_types || $reasoning_part_types || $tool_call_part_types, ', ')
     when not {type_is_string} then ' is not an object with a string "type"'
     else ' of type "' || (ps[err_at].parts[part_at].type ->> '$') || '" has no string "text" or "value"'
 end""".format(type_is_string=is_string("ps[err_at].parts[part_at].type"))

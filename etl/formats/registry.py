@@ -14,6 +14,7 @@ before DuckDB parses it: memory then follows the chunk, not the largest record.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 
 import duckdb
@@ -40,10 +41,18 @@ __all__ = [
 ]
 
 
-def build_query(input_type: str, *, roles: list[str], options: dict[str, Any], max_record_bytes: int) -> BuilderQuery:
+def build_query(input_type: str, *, roles: list[str], options: dict[str, Any], max_record_bytes: int,
+                template_tools: bool = False) -> BuilderQuery:
     """The query of `input_type`'s builder with its options, and the record size limit that every
-    input type shares (`preprocessing.max_record_bytes`, kept out of the builders' own options)."""
-    return dataclasses.replace(BUILDERS[input_type](roles=roles, **options), max_record_bytes=max_record_bytes)
+    input type shares (`preprocessing.max_record_bytes`, kept out of the builders' own options).
+
+    `template_tools` (the template renders tools and tool calls) reaches builders that take it.
+    """
+    builder = BUILDERS[input_type]
+    params = inspect.signature(builder).parameters
+    takes = "template_tools" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    run_args = {"template_tools": template_tools} if takes else {}
+    return dataclasses.replace(builder(roles=roles, **options, **run_args), max_record_bytes=max_record_bytes)
 
 
 def run_builder(con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQuery) -> pa.Table:

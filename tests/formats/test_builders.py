@@ -16,6 +16,8 @@ from etl.formats.registry import BUILDERS, BuilderQuery, register_builder, run_b
 ROLES = ("system", "user", "assistant", "tool", "text")
 COLUMNS = ["source_line", "reason", "detail", "raw", "messages", "domain"]
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string()), ("train", pa.bool_()), ("weight", pa.float64())])
+# Conversation builders add each message's reasoning and tool calls, and the record's tools.
+CHAT_MESSAGE = pa.struct([*MESSAGE, ("reasoning", pa.string()), ("calls", pa.list_(pa.string()))])
 
 
 def build(builder: str, *records: Any, roles: tuple[str, ...] = ROLES, **options: Any) -> list[dict[str, Any]]:
@@ -23,9 +25,16 @@ def build(builder: str, *records: Any, roles: tuple[str, ...] = ROLES, **options
     lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
     raw = pa.table({"source_line": pa.array(range(len(lines)), pa.int64()), "line": pa.array(lines, pa.large_string())})
     table = run_builder(duckdb.connect(), raw, BUILDERS[builder](roles=roles, **options))
-    assert table.column_names == COLUMNS
-    assert table.schema.field("messages").type.value_type == MESSAGE
-    return table.to_pylist()
+    chat = builder in ("chat", "sharegpt")
+    assert table.column_names == COLUMNS + (["tools"] if chat else [])
+    assert table.schema.field("messages").type.value_type == (CHAT_MESSAGE if chat else MESSAGE)
+    rows = table.to_pylist()
+    for row in rows:  # reasoning / calls compared only where a test expects them
+        for m in row["messages"] or []:
+            for key in ("reasoning", "calls"):
+                if m.get(key) is None:
+                    m.pop(key, None)
+    return rows
 
 
 def msg(role: str, content: str, train: bool | None = None, weight: float | None = None) -> dict[str, Any]:
@@ -57,6 +66,7 @@ def test_chat_content_parts_are_joined_in_order() -> None:
     assert one("chat", rec, part_separator="\n")["messages"] == [msg("user", "a\nb")]
     think = {"messages": [{"role": "assistant", "content": [{"type": "reasoning", "value": "r"}, {"type": "text", "value": "t"}]}]}
     assert one("chat", think, text_part_types=["reasoning", "text"])["messages"] == [msg("assistant", "rt")]
+    assert one("chat", think)["messages"] == [{**msg("assistant", "t"), "reasoning": "r"}]
 
 
 def test_chat_v1_loss_weight_key() -> None:
@@ -110,7 +120,7 @@ def test_chat_keys_are_data_not_sql() -> None:
      ("bad_tool_calls", 'message 0 "tool_calls" is an object, not a list')),
     ({"messages": [{"role": "user", "content": []}]}, ("empty_content", 'message 0 "content" is an empty list of parts')),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]},
-     ("unsupported_content", 'message 0 content part 0 has type "image_url"; supported part types: text')),
+     ("unsupported_content", 'message 0 content part 0 has type "image_url"; supported part types: text, reasoning, thinking, tool_call')),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text"}]}]},
      ("bad_content_part", 'message 0 content part 1 of type "text" has no string "text" or "value"')),
     ({"messages": [{"role": "user", "content": ["a"]}]},
@@ -150,8 +160,8 @@ def test_sharegpt_glaive_roles_system_and_tools() -> None:
                              {"from": "observation", "value": "ok"}, {"from": "gpt", "value": "done"}],
            "system": "Be brief.", "tools": "[{\"name\": \"f\"}]"}
     turns = [msg("user", "hi"), msg("assistant", "{}"), msg("tool", "ok"), msg("assistant", "done")]
-    assert one("sharegpt", rec)["messages"] == [msg("system", "Be brief."), *turns]
-    with_tools = one("sharegpt", rec, tools_key="tools")["messages"]
+    assert one("sharegpt", rec, tools_key=None)["messages"] == [msg("system", "Be brief."), *turns]
+    with_tools = one("sharegpt", rec)["messages"]
     assert with_tools[0] == msg("system", 'Be brief.\n\n# Tools\n\n[{"name": "f"}]')
     listed = one("sharegpt", {**rec, "system": "", "tools": [{"name": "f"}]}, tools_key="tools", tools_prefix="T:")
     assert listed["messages"][0] == msg("system", 'T:[{"name":"f"}]')

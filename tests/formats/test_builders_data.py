@@ -37,7 +37,7 @@ FILES = {
     "glaive_toolcall_en_demo.json": (300, "sharegpt"),
     "glaive_toolcall_zh_demo.json": (300, "sharegpt"),
     "v1_sft_demo.jsonl": (500, "chat"),
-    "reason_tool_use_demo_50.jsonl": (50, None),  # reasoning/tool_call parts: see below
+    "reason_tool_use_demo_50.jsonl": (50, "chat"),  # reasoning and tool_call parts: see below
     "dummy_conversation.json": (500, "sharegpt"),
     "t0_train_50k_per_template.jsonl.gz": (55185, "prompt_completion"),
 }
@@ -61,8 +61,11 @@ def records(path: Path) -> list[dict[str, Any]]:
     return json.loads(text) if path.suffix == ".json" else [json.loads(line) for line in text.splitlines()]
 
 
-def msg(role: str, content: str, weight: float | None = None) -> dict[str, Any]:
-    return {"role": role, "content": content, "train": None, "weight": weight}
+def msg(role: str, content: str, weight: float | None = None, *, chat: bool = True,
+        reasoning: str | None = None, calls: list[str] | None = None) -> dict[str, Any]:
+    """A canonical message; conversation builders (`chat`) also carry reasoning and tool calls."""
+    base = {"role": role, "content": content, "train": None, "weight": weight}
+    return {**base, "reasoning": reasoning, "calls": calls} if chat else base
 
 
 @pytest.mark.parametrize("name", sorted(FILES))
@@ -74,8 +77,6 @@ def test_each_builder_on_each_file(name: str) -> None:
         reasons = Counter(parse(path_of(name), builder).column("reason").to_pylist())
         if builder == good:
             expected = {None: rows}
-        elif name == "reason_tool_use_demo_50.jsonl" and builder == "chat":
-            expected = {"unsupported_content": rows}  # every record has a reasoning part
         else:
             expected = {"missing_key": rows}
         assert dict(reasons) == expected, (name, builder)
@@ -85,8 +86,8 @@ def test_alpaca_messages_match_python() -> None:
     for name in ("alpaca_en_demo.json", "alpaca_zh_demo.json", "identity.json"):
         recs = records(LF / name)
         got = parse(LF / name, "instruction").column("messages").to_pylist()
-        want = [[msg("user", r["instruction"] + ("\n\n" + r["input"] if r["input"] else "")),
-                 msg("assistant", r["output"])] for r in recs]
+        want = [[msg("user", r["instruction"] + ("\n\n" + r["input"] if r["input"] else ""), chat=False),
+                 msg("assistant", r["output"], chat=False)] for r in recs]
         assert got == want, name
     assert sum(bool(r["input"]) for r in records(LF / "alpaca_en_demo.json")) == 412  # README
 
@@ -95,9 +96,9 @@ def test_sharegpt_files_match_python() -> None:
     roles = {"human": "user", "gpt": "assistant", "function_call": "assistant", "observation": "tool"}
     for path in (LF / "glaive_toolcall_en_demo.json", LF / "glaive_toolcall_zh_demo.json", FASTCHAT):
         recs = records(path)
-        got = parse(path, "sharegpt").column("messages").to_pylist()
+        got = parse(path, "sharegpt", tools_key=None).column("messages").to_pylist()
         assert got == [[msg(roles[m["from"]], m["value"]) for m in r["conversations"]] for r in recs]
-    glaive = parse(LF / "glaive_toolcall_en_demo.json", "sharegpt", tools_key="tools")
+    glaive = parse(LF / "glaive_toolcall_en_demo.json", "sharegpt")  # tools_key "tools" by default
     firsts = [m[0] for m in glaive.column("messages").to_pylist()]
     recs = records(LF / "glaive_toolcall_en_demo.json")
     # An empty tool list ("[]" as a JSON string in glaive) adds no system message at all.
@@ -125,13 +126,36 @@ def test_v1_sft_demo_loss_weight() -> None:
 
 def test_reason_tool_use_with_all_text_like_parts() -> None:
     path = LF / "reason_tool_use_demo_50.jsonl"
-    table = parse(path, "chat", text_part_types=["text", "reasoning", "tool_call"], part_separator="\n\n")
+    table = parse(path, "chat", text_part_types=["text", "reasoning", "tool_call"], part_separator="\n\n",
+                  tools_key=None, parse_think=False)
     assert table.column("reason").null_count == 50
     got = table.column("messages").to_pylist()
     want = [[msg(m["role"], "\n\n".join(p["value"] for p in m["content"])) for m in r["messages"]]
             for r in records(path)]
     assert got == want
     assert Counter(len(m) for m in got) == {3: 28, 5: 6, 9: 12, 13: 4}  # README
+
+
+def test_reason_tool_use_parts_by_default() -> None:
+    """A plain chat config reads every record: reasoning and tool_call parts become the
+    message's reasoning and calls; the top-level tools string is the `tools` column."""
+    path = LF / "reason_tool_use_demo_50.jsonl"
+    table = parse(path, "chat", template_tools=True)
+    assert table.column("reason").null_count == 50
+    recs = records(path)
+
+    def parts(m: dict[str, Any], kind: str) -> list[str]:
+        return [p["value"] for p in m["content"] if p["type"] == kind]
+
+    want = [[msg(m["role"], "".join(parts(m, "text")), reasoning="".join(parts(m, "reasoning")) or None,
+                 calls=parts(m, "tool_call") or None) for m in r["messages"]] for r in recs]
+    assert table.column("messages").to_pylist() == want
+    # An empty tool list ("[]") is no tools.
+    assert table.column("tools").to_pylist() == [r["tools"].strip() if r["tools"].strip() != "[]" else None
+                                                 for r in recs]
+    counts = Counter((m["role"], bool(m["reasoning"]), len(m["calls"] or [])) for c in want for m in c)
+    assert sum(n for (role, r, _), n in counts.items() if r) == 112  # README: 112 reasoning parts
+    assert sum(k * n for (_, _, k), n in counts.items()) == 68  # README: 68 tool_call parts
 
 
 def test_t0_strip_suffix_and_text_lengths() -> None:

@@ -42,7 +42,8 @@ def chat_reference(rec: dict[str, Any]) -> list[dict[str, Any]]:
         return c if isinstance(c, str) else "".join(p.get("text", p.get("value")) for p in c)
 
     return [{"role": {"bot": "assistant"}.get(m["role"], m["role"]), "content": text(m["content"]),
-             "train": m.get("train"), "weight": m.get("weight")} for m in rec["messages"]]
+             "train": m.get("train"), "weight": m.get("weight"), "reasoning": None, "calls": None}
+            for m in rec["messages"]]
 
 
 @settings(max_examples=40, deadline=None)
