@@ -99,7 +99,8 @@ class Reference:
         self.tokens = special_tokens_map(config)
         # encode_special_tokens stays False here: the template's special tokens are control.
         self.raw = Tokenizer.from_file(path)
-        self.specials = tuple(t.content for t in self.raw.get_added_tokens_decoder().values() if t.special)
+        # Every added token, special or not: etl encodes all of them as text in content.
+        self.specials = tuple(t.content for t in self.raw.get_added_tokens_decoder().values())
         ends = [token_string(config, "eos_token"), token_string(config, "pad_token"), ctx.template.template.eos]
         self.edge_ids = {i for t in ends if t and (i := self.raw.token_to_id(t)) is not None}
         bos = token_string(config, "bos_token")

@@ -30,6 +30,7 @@ from etl.errors import EtlError
 DEFAULT_CHUNK_BYTES = 16 << 20
 Truncation = Literal["drop_oldest_turns", "keep_prefix", "right", "drop"]
 Eot = Literal["turn", "last", "all", "none"]
+ReasoningTurns = Literal["all", "last", "none"]
 StorageFormat = Literal["parquet", "bin", "h5"]
 DedupMode = Literal["prefix200", "exact"]
 Role = Literal["system", "user", "assistant", "tool", "text"]
@@ -72,6 +73,11 @@ class MaskOptions:
                                         "train only the final assistant turn of a conversation")
     require_complete_user: bool = setting(False, "mask_options.require_complete_user",
                                           "an assistant turn trains only after a whole user turn (seed 001)")
+    reasoning_turns: ReasoningTurns | None = setting(
+        None, "mask_options.reasoning_turns", "assistant turns whose reasoning is rendered: all, last (after "
+        "the last user turn, Qwen3's rule) or none; null: the template's rule (presets: all)")
+    train_reasoning: bool = setting(True, "mask_options.train_reasoning",
+                                    "train the reasoning block (<think> ... </think>) of trained turns")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Assemble examples from planned turns with numpy: one gather builds every token list of a chunk.
 
-Each kept turn contributes six pieces in order (BOS, header, content, end, separator, EOS;
-BOS/EOS only on a conversation's first/last turn). A piece is a range of a source buffer
+Each kept turn contributes seven pieces in order (BOS, header, reasoning, content, end,
+separator, EOS; BOS/EOS only on a conversation's first/last turn). A piece is a range of a source buffer
 plus a training flag; clipping the ranges to the hard-cut window and gathering them in one
 `np.repeat` + `arange` pass gives the flat `input_ids`, and `np.repeat` of the flags gives
 `loss_mask`. Cost is O(tokens) in C (~2 ms from Arrow offsets for 1M per-turn lists, 137M
@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from etl import columns as c
 
-PIECES = 6
+PIECES = 7
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def _first_last(conv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return first, last
 
 
-def _range_gather(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def range_gather(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Indices of the concatenated ranges [starts[i], starts[i] + lengths[i]).
 
     One cumulative sum over a delta array (1 inside a range, a jump at each range start)
@@ -120,10 +120,10 @@ def _gather_pieces(
     for k, source in enumerate(sources):
         sel = (piece_source == k) & (length > 0)
         if len(source) > 2 * int(length[sel].sum()):
-            sources[k] = source[_range_gather(src_start[sel], length[sel])] if sel.any() else source[:0]
+            sources[k] = source[range_gather(src_start[sel], length[sel])] if sel.any() else source[:0]
             src_start[sel] = np.cumsum(length[sel]) - length[sel]
     base = np.cumsum([0] + [len(source) for source in sources[:-1]])
-    return np.concatenate(sources)[_range_gather(src_start + base[piece_source], length)]
+    return np.concatenate(sources)[range_gather(src_start + base[piece_source], length)]
 
 
 def _pieces(
@@ -143,7 +143,7 @@ def _pieces(
     const = np.asarray(bos_ids + eos_ids + system, dtype=np.int32)
     sources, starts, lengths = [const], [np.zeros(n, np.int64)], [first * len(bos_ids)]
     piece_source = np.zeros((n, PIECES), dtype=np.int64)  # BOS and EOS come from `const`
-    for k, column in enumerate((c.HEADER_IDS, c.CONTENT_IDS, c.END_IDS, c.SEP_IDS), start=1):
+    for k, column in enumerate((c.HEADER_IDS, c.REASONING_IDS, c.CONTENT_IDS, c.END_IDS, c.SEP_IDS), start=1):
         flats, chunk, start, length = _list_parts(turns[column])
         piece_source[:, k] = len(sources) + chunk[rows]
         sources += flats
@@ -153,9 +153,9 @@ def _pieces(
     lengths.append(last * len(eos_ids))
     injected = turns[c.INJECTED].to_numpy()[rows]
     if injected.any():  # the default system text: from `const`, after BOS and EOS
-        piece_source[injected, 2] = 0
-        starts[2] = np.where(injected, len(bos_ids) + len(eos_ids), starts[2])
-        lengths[2] = np.where(injected, len(system), lengths[2])
+        piece_source[injected, 3] = 0
+        starts[3] = np.where(injected, len(bos_ids) + len(eos_ids), starts[3])
+        lengths[3] = np.where(injected, len(system), lengths[3])
     return sources, piece_source, starts, lengths
 
 
@@ -189,6 +189,7 @@ def assemble(
         [
             np.zeros(n, bool),
             turns[c.TRAIN_HEADER].to_numpy()[rows],
+            turns[c.TRAIN_REASONING].to_numpy()[rows],
             turns[c.TRAIN_CONTENT].to_numpy()[rows],
             turns[c.TRAIN_END].to_numpy()[rows],
             np.zeros(n, bool),

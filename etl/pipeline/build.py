@@ -104,6 +104,7 @@ def build_examples(
             records.lazy(),
             encode=encode,
             role_table=res.template.role_table(),
+            reasoning=res.reasoning,
             system_ids=res.system_ids,
             mask=res.mask,
             seq_len=cfg.seq_len,
@@ -115,5 +116,5 @@ def build_examples(
         built = assemble(plan, bos_ids=res.bos, eos_ids=res.eos, system_ids=res.system_ids, weights=res.weights)
         # The per-turn ids are in `built` now; without them the plan is a few numbers per turn
         # (the caller joins and writes it as `turns`, which would copy them again).
-        plan = plan.drop(c.HEADER_IDS, c.CONTENT_IDS, c.END_IDS, c.SEP_IDS)
+        plan = plan.drop(c.HEADER_IDS, c.REASONING_IDS, c.CONTENT_IDS, c.END_IDS, c.SEP_IDS, c.REASONING)
         return _examples(records, plan, built, res), plan

@@ -17,6 +17,7 @@ from etl.errors import EtlError
 from etl.formats.registry import BUILDERS, BuilderQuery, build_query
 from etl.ingest.discover import Source
 from etl.pipeline.accounting import Counts
+from etl.pipeline.stages import ReasoningRender
 from etl.tokens.templates import TemplateIds, resolve_template
 from etl.tokens.tokenizer import TextTokenizer, encode_template_text
 
@@ -47,6 +48,14 @@ class Resources:
     def weights(self) -> bool:
         """Per-message weights are written (`loss_weight`) when the input names a weight key."""
         return bool(self.config.input_options.get("weight_key"))
+
+    @property
+    def reasoning(self) -> ReasoningRender:
+        """How reasoning is rendered: the template's think format, its turn rule unless the config sets one."""
+        fmt = self.template.template.reasoning
+        return ReasoningRender(keep=self.config.mask.reasoning_turns or fmt.keep, pre=fmt.pre, post=fmt.post,
+                               prefix=tuple(self.template.reasoning_prefix),
+                               suffix=tuple(self.template.reasoning_suffix))
 
     def builder_query(self) -> BuilderQuery:
         """The parse query of the run's input type over the template's roles (`text` is a role

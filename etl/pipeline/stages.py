@@ -10,7 +10,9 @@ lists with numpy. Column names live in `etl.columns`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
@@ -31,6 +33,9 @@ from etl.columns import (
     MSG_TRAIN,
     MSG_WEIGHT,
     POS,
+    REASONING,
+    REASONING_IDS,
+    REASONING_LEN,
     ROLE,
     SEP_IDS,
     SEP_LEN,
@@ -38,6 +43,7 @@ from etl.columns import (
     TRAIN_CONTENT,
     TRAIN_END,
     TRAIN_HEADER,
+    TRAIN_REASONING,
     TRAINED,
     TURN_INDEX,
     TURN_LEN,
@@ -45,9 +51,22 @@ from etl.columns import (
     WINDOW,
 )
 from etl.config.run_config import MaskOptions
+from etl.pipeline.assemble import range_gather
 from etl.pipeline.truncation import plan_truncation
 
 Encoder = Callable[[pa.Array], pa.LargeListArray]
+
+
+@dataclass(frozen=True)
+class ReasoningRender:
+    """Which assistant turns keep their reasoning (all, last: after the conversation's last user
+    turn, none) and how it is wrapped: prefix ids + text(pre + R + post) + suffix ids."""
+
+    keep: str = "all"
+    pre: str = "\n"
+    post: str = "\n"
+    prefix: tuple[int, ...] = ()
+    suffix: tuple[int, ...] = ()
 
 
 def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
@@ -65,6 +84,7 @@ def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
         if MSG_WEIGHT in names
         else pl.lit(None, dtype=pl.Float64).alias(MSG_WEIGHT)
     )
+    reasoning = pl.col(REASONING) if REASONING in names else pl.lit(None, dtype=pl.String).alias(REASONING)
     return (
         records.select(
             pl.col(CONV),
@@ -80,6 +100,7 @@ def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
             CONTENT,
             train.cast(pl.Boolean),
             weight.cast(pl.Float64),
+            reasoning.cast(pl.String),
             pl.lit(False).alias(INJECTED),
         )
     )
@@ -96,6 +117,7 @@ def add_default_system(turns: pl.LazyFrame, *, enabled: bool) -> pl.LazyFrame:
         pl.lit("").alias(CONTENT),
         pl.lit(None, dtype=pl.Boolean).alias(MSG_TRAIN),
         pl.lit(None, dtype=pl.Float64).alias(MSG_WEIGHT),
+        pl.lit(None, dtype=pl.String).alias(REASONING),
         pl.lit(True).alias(INJECTED),
     )
     return (
@@ -105,8 +127,40 @@ def add_default_system(turns: pl.LazyFrame, *, enabled: bool) -> pl.LazyFrame:
     )
 
 
+def keep_reasoning(turns: pl.LazyFrame, render: ReasoningRender) -> pl.LazyFrame:
+    """`REASONING` becomes the text to tokenize (pre + R + post) on the assistant turns that keep
+    it, null elsewhere: `last` keeps it after the conversation's last user turn (Qwen3's rule)."""
+    has = (pl.col(ROLE) == "assistant") & pl.col(REASONING).is_not_null()
+    last_user = pl.when(pl.col(ROLE) == "user").then(pl.col(TURN_INDEX)).max().over(CONV).fill_null(-1)
+    keep = {"all": has, "last": has & (pl.col(TURN_INDEX) > last_user), "none": pl.lit(False)}[render.keep]
+    text = pl.concat_str([pl.lit(render.pre), pl.col(REASONING), pl.lit(render.post)])
+    return turns.with_columns(pl.when(keep).then(text).otherwise(None).alias(REASONING))
+
+
+def encode_wrapped(encode: Encoder, texts: pa.Array, prefix: tuple[int, ...], suffix: tuple[int, ...]) -> pa.LargeListArray:
+    """prefix + ids(text) + suffix for each non-null text, [] for nulls; the tokenizer sees
+    only the non-null texts (none at all for data without reasoning: no call, no cost)."""
+    present = np.flatnonzero(~np.asarray(texts.is_null().to_numpy(zero_copy_only=False)))
+    out_len = np.zeros(len(texts), np.int64)
+    if not len(present):
+        return pa.LargeListArray.from_arrays(pa.array(np.zeros(len(texts) + 1, np.int64)), pa.array([], pa.int32()))
+    enc = encode(texts.take(pa.array(present)))
+    offsets = enc.offsets.to_numpy()
+    flat = enc.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
+    lens = np.diff(offsets)
+    p, q = len(prefix), len(suffix)
+    const = np.asarray(prefix + suffix, np.int32)
+    # Three ranges per text: the prefix (const[:p]), the ids (after const), the suffix (const[p:]).
+    starts = np.stack([np.zeros_like(lens), p + q + offsets[:-1] - offsets[0], np.full_like(lens, p)], axis=1)
+    lengths = np.stack([np.full_like(lens, p), lens, np.full_like(lens, q)], axis=1)
+    values = np.concatenate([const, flat.astype(np.int32)])[range_gather(starts.ravel(), lengths.ravel())]
+    out_len[present] = lens + p + q
+    out_offsets = np.concatenate([[0], np.cumsum(out_len)])
+    return pa.LargeListArray.from_arrays(pa.array(out_offsets), pa.array(values, pa.int32()))
+
+
 def tokenize_contents(
-    turns: pl.LazyFrame, *, encode: Encoder, system_ids: list[int]
+    turns: pl.LazyFrame, *, encode: Encoder, system_ids: list[int], reasoning: ReasoningRender = ReasoningRender()
 ) -> pl.LazyFrame:
     """Content -> ids in one batched tokenizer call, and `CONTENT_LEN`.
 
@@ -119,15 +173,21 @@ def tokenize_contents(
     def encode_series(content: pl.Series) -> pl.Series:
         return pl.Series(CONTENT_IDS, encode(content.to_arrow()), dtype=pl.List(pl.Int32))
 
+    def encode_reasoning(texts: pl.Series) -> pl.Series:
+        ids = encode_wrapped(encode, texts.to_arrow(), reasoning.prefix, reasoning.suffix)
+        return pl.Series(REASONING_IDS, ids, dtype=pl.List(pl.Int32))
+
     return (
         turns.with_columns(
-            pl.col(CONTENT).map_batches(encode_series, return_dtype=pl.List(pl.Int32)).alias(CONTENT_IDS)
+            pl.col(CONTENT).map_batches(encode_series, return_dtype=pl.List(pl.Int32)).alias(CONTENT_IDS),
+            pl.col(REASONING).map_batches(encode_reasoning, return_dtype=pl.List(pl.Int32)).alias(REASONING_IDS),
         )
         .with_columns(
             pl.when(pl.col(INJECTED))
             .then(pl.lit(len(system_ids), dtype=pl.Int32))
             .otherwise(pl.col(CONTENT_IDS).list.len().cast(pl.Int32))
-            .alias(CONTENT_LEN)
+            .alias(CONTENT_LEN),
+            pl.col(REASONING_IDS).list.len().cast(pl.Int32).alias(REASONING_LEN),
         )
         .drop(CONTENT)
     )
@@ -149,9 +209,8 @@ def attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFra
         .drop("role_number")
         .with_columns(pl.col(ids).list.len().cast(pl.Int32).alias(length) for ids, length in pieces.items())
         .with_columns(
-            (pl.col(HEADER_LEN) + pl.col(CONTENT_LEN) + pl.col(END_LEN) + pl.col(SEP_LEN)).alias(
-                TURN_LEN
-            )
+            (pl.col(HEADER_LEN) + pl.col(REASONING_LEN) + pl.col(CONTENT_LEN) + pl.col(END_LEN)
+             + pl.col(SEP_LEN)).alias(TURN_LEN)
         )
     )
 
@@ -178,6 +237,7 @@ def mark_training(turns: pl.LazyFrame, opts: MaskOptions) -> pl.LazyFrame:
     }[opts.eot]
     return turns.with_columns(
         (trains & pl.lit(bool(opts.train_header))).fill_null(False).alias(TRAIN_HEADER),
+        (trains & pl.lit(opts.train_reasoning)).fill_null(False).alias(TRAIN_REASONING),
         trains.fill_null(False).alias(TRAIN_CONTENT),
         end.fill_null(False).alias(TRAIN_END),
     )
@@ -194,6 +254,7 @@ def require_complete_user(turns: pl.LazyFrame) -> pl.LazyFrame:
     gate = (pl.col(ROLE) != "assistant") | ok
     return turns.with_columns(
         (pl.col(TRAIN_HEADER) & gate).alias(TRAIN_HEADER),
+        (pl.col(TRAIN_REASONING) & gate).alias(TRAIN_REASONING),
         (pl.col(TRAIN_CONTENT) & gate).alias(TRAIN_CONTENT),
         (pl.col(TRAIN_END) & gate).alias(TRAIN_END),
     )
@@ -207,11 +268,12 @@ def place_turns(turns: pl.LazyFrame) -> pl.LazyFrame:
     """Each turn's span in the written example (`start`/`end`, -1 when dropped), `kept`, `trained`."""
     lo = pl.col(CUT) - pl.col(POS)  # the window in turn-relative coordinates
     hi = lo + pl.col(WINDOW)
-    h, c, e = pl.col(HEADER_LEN), pl.col(CONTENT_LEN), pl.col(END_LEN)
+    h, r, c, e = pl.col(HEADER_LEN), pl.col(REASONING_LEN), pl.col(CONTENT_LEN), pl.col(END_LEN)
     trained = (
         (pl.col(TRAIN_HEADER) & _overlap(pl.lit(0), h, lo, hi))
-        | (pl.col(TRAIN_CONTENT) & _overlap(h, h + c, lo, hi))
-        | (pl.col(TRAIN_END) & _overlap(h + c, h + c + e, lo, hi))
+        | (pl.col(TRAIN_REASONING) & _overlap(h, h + r, lo, hi))
+        | (pl.col(TRAIN_CONTENT) & _overlap(h + r, h + r + c, lo, hi))
+        | (pl.col(TRAIN_END) & _overlap(h + r + c, h + r + c + e, lo, hi))
     )
     start = (pl.col(POS) - pl.col(CUT)).clip(0, pl.col(WINDOW))
     end = (pl.col(POS) + pl.col(TURN_LEN) - pl.col(CUT)).clip(0, pl.col(WINDOW))
@@ -228,6 +290,7 @@ def plan_turns(
     *,
     encode: Encoder,
     role_table: pl.DataFrame,
+    reasoning: ReasoningRender = ReasoningRender(),
     system_ids: list[int] | None,
     mask: MaskOptions,
     seq_len: int,
@@ -238,7 +301,8 @@ def plan_turns(
     """All per-turn stages in order: explode, default system, tokenize, template, mask, truncate."""
     turns = explode_turns(records)
     turns = add_default_system(turns, enabled=system_ids is not None)
-    turns = tokenize_contents(turns, encode=encode, system_ids=system_ids or [])
+    turns = keep_reasoning(turns, reasoning)
+    turns = tokenize_contents(turns, encode=encode, system_ids=system_ids or [], reasoning=reasoning)
     turns = attach_template(turns, role_table)
     turns = mark_training(turns, mask)
     turns = plan_truncation(

@@ -88,7 +88,7 @@ def _end_at_final_eot(seq_len: int) -> pl.Expr:
     """
     final_eot = (
         pl.when(pl.col(TURN_INDEX) == pl.col(LAST_ASSISTANT))
-        .then(pl.col(POS) + pl.col(HEADER_LEN) + pl.col(CONTENT_LEN) + pl.col(END_LEN) - 1)
+        .then(pl.col(POS) + pl.col(TURN_LEN) - pl.col(SEP_LEN) - 1)
         .max()
         .over(CONV)
     )

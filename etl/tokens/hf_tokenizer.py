@@ -81,6 +81,11 @@ class HFTokenizer:
             ) from exc
         # Content is data, never control: special-token strings in content encode as text.
         self._tok.encode_special_tokens = True
+        # So do the non-special added tokens (Qwen's <tool_call>, <think>, <tool_response>):
+        # re-added as special, they too are text in content; templates insert them by id
+        # (`encode_template_text`). transformers maps them in content; etl does not, on purpose.
+        self._tok.add_special_tokens([_as_special(t) for t in self._tok.get_added_tokens_decoder().values()
+                                      if not t.special])
         config = file.with_name("tokenizer_config.json")
         self.config: dict[str, Any] = json.loads(config.read_text("utf-8")) if config.is_file() else {}
 
@@ -193,6 +198,13 @@ class HFTokenizer:
             spec = json.loads(self._tok.to_str())
             self._byte_level_cache = (spec.get("decoder") or {}).get("type") == "ByteLevel"
         return self._byte_level_cache
+
+
+def _as_special(token: Any) -> Any:
+    from tokenizers import AddedToken
+
+    return AddedToken(token.content, single_word=token.single_word, lstrip=token.lstrip, rstrip=token.rstrip,
+                      normalized=token.normalized, special=True)
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -34,6 +34,29 @@ class RoleFormat:
 
 
 @dataclass(frozen=True)
+class ReasoningFormat:
+    """How an assistant turn's reasoning is rendered before its content: open + pre + R + post + close + after.
+
+    `open`/`close` are structure (a token where the vocabulary has it: Qwen3's `<think>`);
+    pre/post/after are plain text. pre + R + post is tokenized as one text, so a reasoning
+    ending in "." still gets the tokenizer's ".\n" token as whole-text encoding does; `after`
+    is encoded alone (a blank line before the content splits there in byte-level BPE).
+    `keep` is the template's rule for which turns keep it: all, last (after the last user
+    turn, Qwen3) or none.
+    """
+
+    open: str = "<think>"
+    pre: str = "\n"
+    post: str = "\n"
+    close: str = "</think>"
+    after: str = "\n\n"
+    keep: str = "all"
+
+
+THINK = ReasoningFormat()  # Qwen3 / DeepSeek-R1: <think>\nR\n</think>\n\n before the content
+
+
+@dataclass(frozen=True)
 class Template:
     """A chat format. `eot` is the end-of-turn token (the default pad id, seed 000).
 
@@ -50,6 +73,7 @@ class Template:
     eos: str = ""
     train_header: bool = False
     notes: str = ""
+    reasoning: ReasoningFormat = THINK
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,6 +153,8 @@ class TemplateIds:
     eos: list[int]
     eot_id: int
     special_ids: dict[str, int] = field(default_factory=dict)
+    reasoning_prefix: list[int] = field(default_factory=list)  # open, before the reasoning text
+    reasoning_suffix: list[int] = field(default_factory=list)  # close + after, behind it
 
     def role_table(self) -> pl.DataFrame:
         """One row per role with its constant header/end/separator ids (joined onto turns)."""
@@ -152,7 +178,9 @@ class TemplateIds:
         }
         return {"name": self.template.name, "roles": roles, "bos": self.template.bos,
                 "eos": self.template.eos, "eot": self.template.eot, "bos_ids": self.bos,
-                "eos_ids": self.eos, "train_header": self.template.train_header}
+                "eos_ids": self.eos, "train_header": self.template.train_header,
+                "reasoning": {**asdict(self.template.reasoning), "prefix_ids": self.reasoning_prefix,
+                              "suffix_ids": self.reasoning_suffix}}
 
 
 def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateIds:
@@ -171,6 +199,11 @@ def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateId
     def enc(text: str) -> list[int]:
         return encode_template_text(tokenizer, text, specials)
 
+    # Structure tokens of the think format are control where the vocabulary has them (Qwen3's
+    # <think> is a non-special added token), plain text otherwise (Qwen2.5, the byte tokenizer).
+    think = template.reasoning
+    think_tokens = [t for t in (think.open, think.close) if t and tokenizer.special_id(t) is not None]
+
     eot = enc(template.eot)
     if len(eot) != 1:
         raise EtlError(f"template {template.name}: end-of-turn {template.eot!r} must be one token, got {eot}")
@@ -188,4 +221,7 @@ def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateId
         eos=enc(template.eos),
         eot_id=eot[0],
         special_ids=special_ids,
+        reasoning_prefix=encode_template_text(tokenizer, think.open, think_tokens),
+        reasoning_suffix=(encode_template_text(tokenizer, think.close, think_tokens)
+                          + encode_template_text(tokenizer, think.after, think_tokens)),
     )
