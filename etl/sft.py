@@ -1,8 +1,8 @@
 """Seed 000 reference: per-example serialize, mask, truncate+pad and collate, with its exact signatures.
 
-This module is deliberately plain Python over lists: it is the independent, readable
-statement of the semantics that the vectorized pipeline (`etl.pipeline.stages`) and the loader's
-collate are tested against. It is not used on any hot path.
+Plain Python over lists: the readable statement of the semantics that the vectorized pipeline
+(`etl.pipeline.stages`) and the loader's collate are tested against, never on a hot path.
+`serialize_chat_to_ids` takes the tokenizer a user has (`etl.tokens.any_tokenizer`).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any, Literal, TypedDict
 
 from etl.columns import DEFAULT_SYSTEM_TEXT, IGNORE_INDEX
+from etl.errors import EtlError
+from etl.tokens.any_tokenizer import special_token_ids, text_encoder
 from etl.tokens.templates import NGPT_ASST, NGPT_EOT, NGPT_SYS, NGPT_USR
 
 ChatMsg = TypedDict("ChatMsg", {"role": Literal["system", "user", "assistant"], "content": str})
@@ -39,19 +41,52 @@ def serialize_chat_to_ids(
     first message is a system message, else `default_system_text`. Every message becomes
     `[ROLE] content [EOT]`. The seed's "SYS once" describes canonical input (an optional
     system message first); a system message elsewhere is kept as a system turn where it is,
-    as Hugging Face chat templates render it, rather than dropped or merged. `tokenizer` needs `encode(text) -> list[int]` (content is always
-    encoded as text) and `token_to_id(token) -> int` for the four special tokens.
+    as Hugging Face chat templates render it, rather than dropped or merged.
+
+    Args:
+        ex: `{"messages": [{"role": ..., "content": ...}, ...]}`.
+        tokenizer: a `tokenizers.Tokenizer`, a transformers tokenizer (fast or slow), a
+            tiktoken `Encoding`, etl's `ByteTokenizer`, or any object whose `encode(text)`
+            returns a sequence of ints and that has `token_to_id(token)` (or a token -> id
+            mapping). It must know the four ngpt role tokens. Content is always encoded as
+            text, without BOS/EOS: a special-token string in a message (an ngpt marker,
+            `<|im_end|>`, `<|endoftext|>`) never becomes a special id. A `tokenizers.Tokenizer`
+            gets `encode_special_tokens` set for each call and restored after.
+        default_system_text: the system content used when the chat has none first.
+
+    Raises:
+        EtlError: the tokenizer lacks an ngpt role token (the message says how to add it), is
+            of no accepted kind, or encodes some content text as a role token id.
     """
-    eot = tokenizer.token_to_id(NGPT_EOT)
+    encoder = text_encoder(tokenizer)
+    role_tokens = (NGPT_SYS, NGPT_USR, NGPT_ASST, NGPT_EOT)
+    role_ids = dict(zip(role_tokens, special_token_ids(encoder, role_tokens)))
+    eot = role_ids[NGPT_EOT]
     messages = list(ex["messages"])
     if not messages or messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": default_system_text})
     ids: list[int] = []
     for msg in messages:
-        ids.append(tokenizer.token_to_id(ROLE_TOKENS[msg["role"]]))
-        ids.extend(tokenizer.encode(msg["content"]))
+        content = encoder.encode(msg["content"])
+        _check_no_role_ids(content, role_ids, role=msg["role"])
+        ids.append(role_ids[ROLE_TOKENS[msg["role"]]])
+        ids.extend(content)
         ids.append(eot)
     return ids
+
+
+def _check_no_role_ids(content: list[int], role_ids: dict[str, int], *, role: str) -> None:
+    """Raise when plain text encoded to a role id: the mask scan and the truncation would take
+    it for a turn boundary. A tokenizer does this when a marker is an ordinary (non-special)
+    token, or sits in the base vocabulary where its pre-tokenizer keeps it whole."""
+    clash = [tok for tok, tid in role_ids.items() if tid in content]
+    if clash:
+        raise EtlError(
+            f"the tokenizer encodes text of a {role} message as the role token {clash[0]} "
+            f"(id {role_ids[clash[0]]}); register the ngpt markers as special tokens that text "
+            "never produces (e.g. tokenizer.add_special_tokens([...]) on a tokenizer whose "
+            "vocabulary does not already hold them), not as ordinary tokens"
+        )
 
 
 def sft_loss_mask_for_ids(
