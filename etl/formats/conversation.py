@@ -13,9 +13,9 @@ from typing import Any
 
 from etl.errors import EtlError
 from etl.formats.base import (
+    CHAT_MESSAGE_TYPE,
     HEAD_DETAILS,
     HEAD_REASONS,
-    CHAT_MESSAGE_TYPE,
     NL,
     BuilderQuery,
     Slots,
@@ -31,7 +31,14 @@ from etl.formats.base import (
     register_builder,
     type_words,
 )
-from etl.formats.conversation_sql import CALL_PARTS, PART_DETAIL, PART_ERROR, QUERY, REASONING_PARTS, TEXT
+from etl.formats.conversation_sql import (
+    CALL_PARTS,
+    PART_DETAIL,
+    PART_ERROR,
+    QUERY,
+    REASONING_PARTS,
+    TEXT,
+)
 
 SHAREGPT_ROLES = {
     "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",

@@ -17,7 +17,7 @@ from etl.errors import EtlError
 from etl.formats.registry import BUILDERS, BuilderQuery, build_query
 from etl.ingest.discover import Source
 from etl.pipeline.accounting import Counts
-from etl.pipeline.stages import ReasoningRender
+from etl.pipeline.reasoning import ReasoningRender
 from etl.tokens.templates import TemplateIds, resolve_template
 from etl.tokens.tokenizer import TextTokenizer, encode_template_text
 

@@ -9,12 +9,7 @@ lists with numpy. Column names live in `etl.columns`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from etl.columns import (
     CONTENT,
@@ -51,22 +46,8 @@ from etl.columns import (
     WINDOW,
 )
 from etl.config.run_config import MaskOptions
-from etl.pipeline.assemble import range_gather
+from etl.pipeline.reasoning import NO_WRAP, Encoder, ReasoningRender, encode_wrapped, keep_reasoning
 from etl.pipeline.truncation import plan_truncation
-
-Encoder = Callable[[pa.Array], pa.LargeListArray]
-
-
-@dataclass(frozen=True)
-class ReasoningRender:
-    """Which assistant turns keep their reasoning (all, last: after the conversation's last user
-    turn, none) and how it is wrapped: prefix ids + text(pre + R + post) + suffix ids."""
-
-    keep: str = "all"
-    pre: str = "\n"
-    post: str = "\n"
-    prefix: tuple[int, ...] = ()
-    suffix: tuple[int, ...] = ()
 
 
 def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
@@ -127,40 +108,8 @@ def add_default_system(turns: pl.LazyFrame, *, enabled: bool) -> pl.LazyFrame:
     )
 
 
-def keep_reasoning(turns: pl.LazyFrame, render: ReasoningRender) -> pl.LazyFrame:
-    """`REASONING` becomes the text to tokenize (pre + R + post) on the assistant turns that keep
-    it, null elsewhere: `last` keeps it after the conversation's last user turn (Qwen3's rule)."""
-    has = (pl.col(ROLE) == "assistant") & pl.col(REASONING).is_not_null()
-    last_user = pl.when(pl.col(ROLE) == "user").then(pl.col(TURN_INDEX)).max().over(CONV).fill_null(-1)
-    keep = {"all": has, "last": has & (pl.col(TURN_INDEX) > last_user), "none": pl.lit(False)}[render.keep]
-    text = pl.concat_str([pl.lit(render.pre), pl.col(REASONING), pl.lit(render.post)])
-    return turns.with_columns(pl.when(keep).then(text).otherwise(None).alias(REASONING))
-
-
-def encode_wrapped(encode: Encoder, texts: pa.Array, prefix: tuple[int, ...], suffix: tuple[int, ...]) -> pa.LargeListArray:
-    """prefix + ids(text) + suffix for each non-null text, [] for nulls; the tokenizer sees
-    only the non-null texts (none at all for data without reasoning: no call, no cost)."""
-    present = np.flatnonzero(~np.asarray(texts.is_null().to_numpy(zero_copy_only=False)))
-    out_len = np.zeros(len(texts), np.int64)
-    if not len(present):
-        return pa.LargeListArray.from_arrays(pa.array(np.zeros(len(texts) + 1, np.int64)), pa.array([], pa.int32()))
-    enc = encode(texts.take(pa.array(present)))
-    offsets = enc.offsets.to_numpy()
-    flat = enc.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
-    lens = np.diff(offsets)
-    p, q = len(prefix), len(suffix)
-    const = np.asarray(prefix + suffix, np.int32)
-    # Three ranges per text: the prefix (const[:p]), the ids (after const), the suffix (const[p:]).
-    starts = np.stack([np.zeros_like(lens), p + q + offsets[:-1] - offsets[0], np.full_like(lens, p)], axis=1)
-    lengths = np.stack([np.full_like(lens, p), lens, np.full_like(lens, q)], axis=1)
-    values = np.concatenate([const, flat.astype(np.int32)])[range_gather(starts.ravel(), lengths.ravel())]
-    out_len[present] = lens + p + q
-    out_offsets = np.concatenate([[0], np.cumsum(out_len)])
-    return pa.LargeListArray.from_arrays(pa.array(out_offsets), pa.array(values, pa.int32()))
-
-
 def tokenize_contents(
-    turns: pl.LazyFrame, *, encode: Encoder, system_ids: list[int], reasoning: ReasoningRender = ReasoningRender()
+    turns: pl.LazyFrame, *, encode: Encoder, system_ids: list[int], reasoning: ReasoningRender = NO_WRAP
 ) -> pl.LazyFrame:
     """Content -> ids in one batched tokenizer call, and `CONTENT_LEN`.
 
@@ -290,7 +239,7 @@ def plan_turns(
     *,
     encode: Encoder,
     role_table: pl.DataFrame,
-    reasoning: ReasoningRender = ReasoningRender(),
+    reasoning: ReasoningRender = NO_WRAP,
     system_ids: list[int] | None,
     mask: MaskOptions,
     seq_len: int,

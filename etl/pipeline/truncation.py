@@ -16,12 +16,9 @@ from typing import Protocol
 import polars as pl
 
 from etl.columns import (
-    CONTENT_LEN,
     CONV,
     CUT,
     DROP_REASON,
-    END_LEN,
-    HEADER_LEN,
     KEEP_WHOLE,
     POS,
     ROLE,
