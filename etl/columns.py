@@ -34,6 +34,10 @@ EXPORT_FILE = "_export.json"
 JOURNAL_FILE = "_journal.jsonl"
 LOCK_FILE = "_lock"
 SPLITS = ("train", "val")
+# The dataset card `load_dataset(DST)` reads (YAML `configs`: which parts form which split), and
+# the Hugging Face name of each etl split folder.
+CARD_FILE = "README.md"
+HF_SPLITS = {"train": "train", "val": "validation"}
 # `etl pack` (DESIGN §6): the pack index DST/packs/<split>/part-*.parquet, its writer's record
 # `_packs.json`, and the manifest key that copies the record's per-split summary.
 PACKS_DIR = "packs"

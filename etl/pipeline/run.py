@@ -28,6 +28,7 @@ from etl.ingest.discover import Source, UnreadableFile, discover, source_root
 from etl.ingest.prefetch import prefetch
 from etl.ingest.preprocess import Deduplicator, domains, record_keys, splits
 from etl.ingest.reader import read_chunks
+from etl.output.card import write_card
 from etl.output.ownership import OutputWriter, check_inputs, check_target
 from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_table
 from etl.output.part_writer import PartWriter
@@ -279,6 +280,7 @@ def run(
                 out, manifest, output, storage_format=config.storage_format,
                 max_tokens_per_shard=config.max_tokens_per_shard,
             )
+        write_card(output, manifest, weights=res.weights)  # for `datasets.load_dataset(DST)`: lists the parts
         output.commit(manifest)
     if timings is not None:
         timings.update(state.timings)
