@@ -34,6 +34,10 @@ EXPORT_FILE = "_export.json"
 JOURNAL_FILE = "_journal.jsonl"
 LOCK_FILE = "_lock"
 SPLITS = ("train", "val")
+# The dataset card `load_dataset(DST)` reads (YAML `configs`: which parts form which split), and
+# the Hugging Face name of each etl split folder.
+CARD_FILE = "README.md"
+HF_SPLITS = {"train": "train", "val": "validation"}
 # `etl pack` (DESIGN §6): the pack index DST/packs/<split>/part-*.parquet, its writer's record
 # `_packs.json`, and the manifest key that copies the record's per-split summary.
 PACKS_DIR = "packs"
@@ -52,6 +56,13 @@ DOMAIN = "domain"
 SPLIT = "split"
 INPUT_IDS = "input_ids"
 LOSS_MASK = "loss_mask"
+# Extension: `loss_mask` again under the name TRL's SFTTrainer reads. TRL 1.16 builds `labels` from
+# an `assistant_masks` column of a tokenized dataset and ignores `loss_mask`, so without it
+# `load_dataset(DST)["train"]` would train every token. Same alignment (mask[i]: input_ids[i] is a
+# target; the model shifts). Bit-packed bools, zstd: +2.1% data bytes on T0 55k with Qwen2.5
+# (chatml, 5% val: 12.24 -> 12.51 MB), +3.4% on HH-RLHF's multi-turn harmless-base test; +0.15 s
+# of background write per 13M tokens.
+ASSISTANT_MASKS = "assistant_masks"
 LOSS_WEIGHT = "loss_weight"
 NUM_TOKENS = "num_tokens"
 NUM_TRAINED = "num_trained"

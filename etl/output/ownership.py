@@ -4,7 +4,8 @@ A writer (`etl run` into DST, `etl export` into OUT, `etl pack` into DST) holds 
 appends every path to `_journal.jsonl` before creating it, and at the end lists what it wrote
 (path, rows, bytes, sha256) in its record: `_manifest.json` for a run, `_export.json` for an
 export, `_packs.json` for a pack index. The next writer
-removes exactly the files those lists (and an interrupted writer's journal) name. `is_etl_output`
+removes exactly the files those lists (and an interrupted writer's journal) name, less a dataset
+card the user edited since. `is_etl_output`
 and `owned_files` are the one predicate every writer uses; a folder that is neither empty nor
 etl's is refused with nothing touched.
 """
@@ -31,12 +32,15 @@ RECORDS = {"run": c.MANIFEST_FILE, "export": c.EXPORT_FILE, "pack": c.PACKS_FILE
 # run; `etl pack` replaces only the previous pack index.
 REPLACES = {"run": ("run", "export", "pack"), "export": ("export",), "pack": ("pack",)}
 PROTOCOL_FILES = {c.LOCK_FILE, c.JOURNAL_FILE}
+# Files a user may take over by editing them (the dataset card): a writer removes one only while it
+# holds the bytes its record lists (a sha256 of a few KB); once edited it is the user's.
+EDITABLE = frozenset({c.CARD_FILE})
 # Top-level names of an output folder that etl writes: no input may lie under them, and no
 # seed-004 domain folder may take them (compared casefolded: macOS/Windows ignore case).
 RESERVED = frozenset(
     n.casefold()
     for n in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR, c.VAL_STORAGE_DIR, c.PACKS_DIR, *RECORDS.values(),
-              *PROTOCOL_FILES)
+              *PROTOCOL_FILES, *EDITABLE)
 )
 # Manifests of format_version 1 listed data/turns parts only; their rejects parts were etl's too.
 _V1_REJECTS = re.compile(re.escape(c.REJECTS_DIR) + r"/part-\d{5}\.parquet")
@@ -103,6 +107,18 @@ def owned_files(folder: Path, kinds: Iterable[str] = RECORDS) -> set[str]:
         if record:
             owned.add(RECORDS[kind])
     return owned
+
+
+def _edited(folder: Path, kinds: Iterable[str]) -> set[str]:
+    """Editable files the records of `kinds` list whose bytes changed since: no longer etl's."""
+    edited = set()
+    for kind in kinds:
+        for entry in (_read_json(folder / RECORDS[kind]) or {}).get("files") or []:
+            rel = entry.get("path") if isinstance(entry, dict) else None
+            path = folder / rel if rel in EDITABLE else None
+            if path and path.is_file() and describe_file(path, folder, rows=None)["sha256"] != entry.get("sha256"):
+                edited.add(rel)
+    return edited
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -185,7 +201,8 @@ class OutputWriter:
             if (self.root / c.JOURNAL_FILE).is_file():
                 warnings.warn(f"{self.root}: removing what an interrupted etl writer left", EtlWarning,
                               stacklevel=2)
-            owned = owned_files(self.root, REPLACES[self.kind])
+            kinds = REPLACES[self.kind]
+            owned = owned_files(self.root, kinds) - _edited(self.root, kinds)
             self._journal = open(self.root / c.JOURNAL_FILE, "a", encoding="utf-8")
             self._journal_lines(owned)  # a kill while removing leaves them listed, never orphaned
             self._remove(owned)

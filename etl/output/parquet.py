@@ -35,6 +35,7 @@ DATA_SCHEMA = pa.schema(
         (c.NUM_TURNS, pa.int32()),
         (c.NUM_TURNS_DROPPED, pa.int32()),
         (c.TRUNCATED, pa.bool_()),
+        (c.ASSISTANT_MASKS, pa.list_(pa.bool_())),  # = loss_mask, for TRL (etl.columns)
     ]
 )
 
@@ -42,6 +43,12 @@ DATA_SCHEMA = pa.schema(
 def data_schema(*, weights: bool) -> pa.Schema:
     """The `data` schema; with per-message weights it gains `loss_weight` list<float32>."""
     return DATA_SCHEMA.append(pa.field(c.LOSS_WEIGHT, pa.list_(pa.float32()))) if weights else DATA_SCHEMA
+
+
+def data_table(examples: pa.Table, *, weights: bool) -> pa.Table:
+    """A `data` part of assembled examples: `assistant_masks` is `loss_mask` itself (zero copy)."""
+    masks = examples.append_column(c.ASSISTANT_MASKS, examples.column(c.LOSS_MASK))
+    return conform(masks, data_schema(weights=weights))
 
 
 TURNS_SCHEMA = pa.schema(

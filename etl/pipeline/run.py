@@ -28,8 +28,9 @@ from etl.ingest.discover import Source, UnreadableFile, discover, source_root
 from etl.ingest.prefetch import prefetch
 from etl.ingest.preprocess import Deduplicator, domains, record_keys, splits
 from etl.ingest.reader import read_chunks
+from etl.output.card import write_card
 from etl.output.ownership import OutputWriter, check_inputs, check_target
-from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_schema
+from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_table
 from etl.output.part_writer import PartWriter
 from etl.pipeline.accounting import Counts, Timings, tally
 from etl.pipeline.build import build_examples, records_frame
@@ -185,7 +186,7 @@ def _write_examples(
     )
     turns = turns.with_columns(pl.col(c.TURN_LEN).alias(c.NUM_TOKENS))
     for split in sorted(examples[c.SPLIT].unique().to_list()):
-        data = conform(examples.filter(pl.col(c.SPLIT) == split).to_arrow(), data_schema(weights=weights))
+        data = data_table(examples.filter(pl.col(c.SPLIT) == split).to_arrow(), weights=weights)
         parts.write(f"{c.DATA_DIR}/{split}", data)
         parts.write(f"{c.TURNS_DIR}/{split}", conform(turns.filter(pl.col(c.SPLIT) == split).to_arrow(), TURNS_SCHEMA))
 
@@ -279,6 +280,7 @@ def run(
                 out, manifest, output, storage_format=config.storage_format,
                 max_tokens_per_shard=config.max_tokens_per_shard,
             )
+        write_card(output, manifest, weights=res.weights)  # for `datasets.load_dataset(DST)`: lists the parts
         output.commit(manifest)
     if timings is not None:
         timings.update(state.timings)

@@ -202,7 +202,7 @@ def test_a_killed_writer_leaves_a_lock_the_next_run_takes_over(tmp_path: Path, c
     assert r.returncode == 0 and "interrupted etl writer" in r.stderr
     assert data_files(dst) == data_files(clean)
     assert (dst / "notes.txt").read_text() == "mine"
-    assert sorted(os.listdir(dst)) == ["_manifest.json", "_rejects", "data", "notes.txt", "turns"]
+    assert sorted(os.listdir(dst)) == ["README.md", "_manifest.json", "_rejects", "data", "notes.txt", "turns"]
 
 
 def test_a_manifest_cannot_make_a_rerun_delete_outside_dst(tmp_path: Path) -> None:

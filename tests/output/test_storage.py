@@ -53,6 +53,7 @@ def _table(rows: list[tuple[str | None, list[int], list[bool]]], **extra: Any) -
         c.NUM_TURNS: [2] * n,
         c.NUM_TURNS_DROPPED: [0] * n,
         c.TRUNCATED: [False] * n,
+        c.ASSISTANT_MASKS: [m for _, _, m in rows],
     }
     table = pa.Table.from_pydict(cols, schema=DATA_SCHEMA)
     for name, values in extra.items():
