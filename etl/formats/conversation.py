@@ -50,9 +50,60 @@ DEFAULT_TOOLS_PREFIX = "# Tools\n\n"
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 REASONING_PART_TYPES = ("reasoning", "thinking")
 TOOL_CALL_PART_TYPES = ("tool_call",)
-# Message keys a conversation record may carry that etl reads elsewhere or that carry no text
-# (OpenAI's `name`, a tool message's `tool_call_id`): never reported as ignored.
-KNOWN_MESSAGE_KEYS = ("name", "tool_call_id", "id")
+
+
+def _check_keys(keys: dict[str, str | None], *, required: tuple[str, ...], reasoning_keys: Sequence[str]) -> None:
+    """Key options are non-empty strings (null where optional), and per-message keys differ."""
+    for option, key in keys.items():
+        check_key(option, key, optional=option not in required)
+    per_message = ("role_key", "content_key", "train_key", "weight_key", "tool_calls_key")
+    check_distinct(**{o: keys[o] for o in per_message},
+                   **{f"reasoning_keys[{i}]": k for i, k in enumerate(reasoning_keys)})
+
+
+def _check_values(*, role_map: Any, names: dict[str, Any], parse_think: Any, strings: dict[str, Any]) -> None:
+    """The role map, the lists of names, the flag and the literal strings have their types."""
+    if not isinstance(role_map, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in role_map.items()
+    ):
+        raise EtlError(f"input.role_map is {role_map!r}; expected an object of source role -> role")
+    for option, value in names.items():
+        if isinstance(value, str) or not all(isinstance(t, str) and t for t in value):
+            raise EtlError(f"input.{option} is {value!r}; expected a list of names")
+    if not isinstance(parse_think, bool):
+        raise EtlError(f"input.parse_think is {parse_think!r}; expected true or false")
+    if not all(isinstance(v, str) for v in strings.values()):
+        raise EtlError(f"input.{' and input.'.join(strings)} must be strings")
+
+def _query_body(per_message: dict[str, str]) -> str:
+    """`QUERY` with its holes filled: per-message accessors and the shared SQL fragments."""
+    p = "ps[err_at].m."
+    return QUERY.format(
+        **per_message,
+        part_error=PART_ERROR,
+        text=TEXT,
+        part_detail=PART_DETAIL,
+        role_is_string=is_string("p.m.role"),
+        reasoning_is_string=is_string("p.m.reasoning"),
+        reasoning_parts=REASONING_PARTS,
+        call_parts=CALL_PARTS,
+        kind_reasoning=kind(p + "reasoning"),
+        sys_is_string=is_string("sys"),
+        nl=NL,
+        message=CHAT_MESSAGE_TYPE,
+        head=HEAD_REASONS,
+        head_details=HEAD_DETAILS,
+        absent_msgs=absent_reason("msgs", "$messages_path", "not_a_list"),
+        missing_msgs=missing_detail("$messages_key", "$messages_path"),
+        msgs_type=type_words("json_type(line, $messages_path)"),
+        msg_type=type_words("json_type(line, $messages_path || '[' || (err_at - 1) || ']')"),
+        sys_kind=kind("sys"),
+        tools_kind=kind("tools"),
+        kind_role=kind(p + "role"),
+        kind_calls=kind(p + "calls"),
+        kind_content=kind(p + "content"),
+    )
+
 
 def conversation_query(
     *,
@@ -78,27 +129,15 @@ def conversation_query(
     template_tools: bool = False,
 ) -> BuilderQuery:
     """The shared query of `chat` and `sharegpt`; every key and string is a bound parameter."""
-    for option, key in (("messages_key", messages_key), ("role_key", role_key), ("content_key", content_key)):
-        check_key(option, key)
-    for option, key in (("train_key", train_key), ("weight_key", weight_key), ("tool_calls_key", tool_calls_key),
-                        ("system_key", system_key), ("tools_key", tools_key), ("domain_key", domain_key)):
-        check_key(option, key, optional=True)
-    check_distinct(role_key=role_key, content_key=content_key, train_key=train_key,
-                   weight_key=weight_key, tool_calls_key=tool_calls_key,
-                   **{f"reasoning_keys[{i}]": k for i, k in enumerate(reasoning_keys)})
-    if not isinstance(role_map, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in role_map.items()
-    ):
-        raise EtlError(f"input.role_map is {role_map!r}; expected an object of source role -> role")
-    for option, names in (("text_part_types", text_part_types), ("reasoning_part_types", reasoning_part_types),
-                          ("tool_call_part_types", tool_call_part_types), ("reasoning_keys", reasoning_keys),
-                          ("tool_call_roles", tool_call_roles)):
-        if isinstance(names, str) or not all(isinstance(t, str) and t for t in names):
-            raise EtlError(f"input.{option} is {names!r}; expected a list of names")
-    if not isinstance(parse_think, bool):
-        raise EtlError(f"input.parse_think is {parse_think!r}; expected true or false")
-    if not isinstance(part_separator, str) or not isinstance(tools_prefix, str):
-        raise EtlError("input.part_separator and input.tools_prefix must be strings")
+    _check_keys({"messages_key": messages_key, "role_key": role_key, "content_key": content_key,
+                 "train_key": train_key, "weight_key": weight_key, "tool_calls_key": tool_calls_key,
+                 "system_key": system_key, "tools_key": tools_key, "domain_key": domain_key},
+                required=("messages_key", "role_key", "content_key"), reasoning_keys=reasoning_keys)
+    _check_values(role_map=role_map, parse_think=parse_think,
+                  names={"text_part_types": text_part_types, "reasoning_part_types": reasoning_part_types,
+                         "tool_call_part_types": tool_call_part_types, "reasoning_keys": reasoning_keys,
+                         "tool_call_roles": tool_call_roles},
+                  strings={"part_separator": part_separator, "tools_prefix": tools_prefix})
     # A part type read as text is text only (a config that lists `reasoning` in text_part_types).
     reasoning_part_types = [t for t in reasoning_part_types if t not in text_part_types]
     tool_call_part_types = [t for t in tool_call_part_types if t not in text_part_types]
@@ -114,32 +153,7 @@ def conversation_query(
         "msgs": top.slot(messages_key, [msg.structure()]),
         "sys": top.slot(system_key), "tools": top.slot(tools_key), "dom": top.slot(domain_key),
     }
-    p = "ps[err_at].m."
-    body = QUERY.format(
-        **per_message,
-        part_error=PART_ERROR,
-        text=TEXT,
-        part_detail=PART_DETAIL,
-        role_is_string=is_string("p.m.role"),
-        reasoning_is_string=is_string("p.m.reasoning"),
-        reasoning_parts=REASONING_PARTS,
-        call_parts=CALL_PARTS,
-        kind_reasoning=kind(p + "reasoning"),
-        sys_is_string=is_string("sys"),
-        nl=NL,
-        message=CHAT_MESSAGE_TYPE,
-        head=HEAD_REASONS,
-        head_details=HEAD_DETAILS,
-        absent_msgs=absent_reason("msgs", "$messages_path", "not_a_list"),
-        missing_msgs=missing_detail("$messages_key", "$messages_path"),
-        msgs_type=type_words("json_type(line, $messages_path)"),
-        msg_type=type_words("json_type(line, $messages_path || '[' || (err_at - 1) || ']')"),
-        sys_kind=kind("sys"),
-        tools_kind=kind("tools"),
-        kind_role=kind(p + "role"),
-        kind_calls=kind(p + "calls"),
-        kind_content=kind(p + "content"),
-    )
+    body = _query_body(per_message)
     params = base_params(structure=top.structure(), roles=roles) | {
         "messages_path": json_key_path(messages_key),
         "parts": json.dumps([{"type": "JSON", "text": "JSON", "value": "JSON"}]),
