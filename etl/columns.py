@@ -91,6 +91,12 @@ REASONING_IDS, REASONING_LEN, TRAIN_REASONING = "reasoning_ids", "reasoning_len"
 HEADER_IDS, END_IDS, SEP_IDS = "header_ids", "end_ids", "sep_ids"
 HEADER_LEN, CONTENT_LEN, END_LEN, SEP_LEN = "header_len", "content_len", "end_len", "sep_len"
 TURN_LEN = "turn_len"
+# Tools rendered by the template (etl.pipeline.tools): a record's tool list (JSON text, from the
+# builder), its rendered text on the system turn, a message's calls (JSON texts) and their ids,
+# and each turn's form (which header/end variant of its role: a tool result's place in a run).
+TOOLS, TOOLS_TEXT = "tools", "tools_text"
+CALLS, CALLS_IDS, CALLS_LEN = "calls", "calls_ids", "calls_len"
+FORM = "form"
 TRAIN_HEADER, TRAIN_CONTENT, TRAIN_END = "train_header", "train_content", "train_end"
 UNIT = "unit"  # truncation unit: -1 for the leading system turn, then one per user turn
 KEEP_WHOLE = "keep_whole"  # the turn survives whole-turn dropping

@@ -1,6 +1,6 @@
 """Assemble examples from planned turns with numpy: one gather builds every token list of a chunk.
 
-Each kept turn contributes seven pieces in order (BOS, header, reasoning, content, end,
+Each kept turn contributes eight pieces in order (BOS, header, reasoning, content, calls, end,
 separator, EOS; BOS/EOS only on a conversation's first/last turn). A piece is a range of a source buffer
 plus a training flag; clipping the ranges to the hard-cut window and gathering them in one
 `np.repeat` + `arange` pass gives the flat `input_ids`, and `np.repeat` of the flags gives
@@ -18,8 +18,9 @@ import polars as pl
 import pyarrow as pa
 
 from etl import columns as c
+from etl.tokens.tool_format import WITH_TOOLS
 
-PIECES = 7
+PIECES = 8
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ def _pieces(
     const = np.asarray(bos_ids + eos_ids + system, dtype=np.int32)
     sources, starts, lengths = [const], [np.zeros(n, np.int64)], [first * len(bos_ids)]
     piece_source = np.zeros((n, PIECES), dtype=np.int64)  # BOS and EOS come from `const`
-    for k, column in enumerate((c.HEADER_IDS, c.REASONING_IDS, c.CONTENT_IDS, c.END_IDS, c.SEP_IDS), start=1):
+    for k, column in enumerate((c.HEADER_IDS, c.REASONING_IDS, c.CONTENT_IDS, c.CALLS_IDS, c.END_IDS, c.SEP_IDS),
+                               start=1):
         flats, chunk, start, length = _list_parts(turns[column])
         piece_source[:, k] = len(sources) + chunk[rows]
         sources += flats
@@ -151,7 +153,8 @@ def _pieces(
         lengths.append(length[rows])
     starts.append(np.full(n, len(bos_ids)))
     lengths.append(last * len(eos_ids))
-    injected = turns[c.INJECTED].to_numpy()[rows]
+    # An inserted system turn that lists tools has content ids of its own (etl.pipeline.tools).
+    injected = (turns[c.INJECTED] & (turns[c.FORM] != WITH_TOOLS)).to_numpy()[rows]
     if injected.any():  # the default system text: from `const`, after BOS and EOS
         piece_source[injected, 3] = 0
         starts[3] = np.where(injected, len(bos_ids) + len(eos_ids), starts[3])
@@ -191,6 +194,7 @@ def assemble(
             turns[c.TRAIN_HEADER].to_numpy()[rows],
             turns[c.TRAIN_REASONING].to_numpy()[rows],
             turns[c.TRAIN_CONTENT].to_numpy()[rows],
+            turns[c.TRAIN_CONTENT].to_numpy()[rows],  # calls train with the content
             turns[c.TRAIN_END].to_numpy()[rows],
             np.zeros(n, bool),
             np.zeros(n, bool),

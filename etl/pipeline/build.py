@@ -23,7 +23,8 @@ def records_frame(
     """Canonical per-conversation rows of one chunk: conv number, id, source, domain, split."""
     n = good.num_rows
     return (
-        pl.from_arrow(good.select([c.SOURCE_LINE, "messages"]))
+        # The record's tool list when the template renders it (the builder's `tools` column).
+        pl.from_arrow(good.select([c.SOURCE_LINE, "messages"] + [c.TOOLS] * (c.TOOLS in good.column_names)))
         .with_row_index(c.CONV)
         .with_columns(
             pl.lit(source_name).alias(c.SOURCE_FILE),
@@ -105,7 +106,9 @@ def build_examples(
             encode=encode,
             role_table=res.template.role_table(),
             reasoning=res.reasoning,
+            tools=res.template.tools,
             system_ids=res.system_ids,
+            system_text=cfg.default_system,
             mask=res.mask,
             seq_len=cfg.seq_len,
             bos_len=len(res.bos),
@@ -116,5 +119,6 @@ def build_examples(
         built = assemble(plan, bos_ids=res.bos, eos_ids=res.eos, system_ids=res.system_ids, weights=res.weights)
         # The per-turn ids are in `built` now; without them the plan is a few numbers per turn
         # (the caller joins and writes it as `turns`, which would copy them again).
-        plan = plan.drop(c.HEADER_IDS, c.REASONING_IDS, c.CONTENT_IDS, c.END_IDS, c.SEP_IDS, c.REASONING)
+        plan = plan.drop(c.HEADER_IDS, c.REASONING_IDS, c.CONTENT_IDS, c.CALLS_IDS, c.END_IDS, c.SEP_IDS, c.REASONING,
+                         c.CALLS, c.TOOLS_TEXT)
         return _examples(records, plan, built, res), plan

@@ -63,7 +63,8 @@ class Resources:
         cfg = self.config
         roles = [r for r in self.template.header if r != "text" or cfg.input_type == "text"]
         return build_query(
-            cfg.input_type, roles=roles, options=cfg.input_options, max_record_bytes=cfg.max_record_bytes
+            cfg.input_type, roles=roles, options=cfg.input_options, max_record_bytes=cfg.max_record_bytes,
+            template_tools=self.template.tools is not None,
         )
 
 

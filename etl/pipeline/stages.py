@@ -12,6 +12,9 @@ from __future__ import annotations
 import polars as pl
 
 from etl.columns import (
+    CALLS,
+    CALLS_IDS,
+    CALLS_LEN,
     CONTENT,
     CONTENT_IDS,
     CONTENT_LEN,
@@ -20,6 +23,7 @@ from etl.columns import (
     END,
     END_IDS,
     END_LEN,
+    FORM,
     HEADER_IDS,
     HEADER_LEN,
     INJECTED,
@@ -40,6 +44,8 @@ from etl.columns import (
     TRAIN_HEADER,
     TRAIN_REASONING,
     TRAINED,
+    TOOLS,
+    TOOLS_TEXT,
     TURN_INDEX,
     TURN_LEN,
     UNIT,
@@ -47,7 +53,9 @@ from etl.columns import (
 )
 from etl.config.run_config import MaskOptions
 from etl.pipeline.reasoning import NO_WRAP, Encoder, ReasoningRender, encode_wrapped, keep_reasoning
+from etl.pipeline.tools import glue_texts, mark_forms, tokenize_calls, tools_text
 from etl.pipeline.truncation import plan_truncation
+from etl.tokens.tool_format import FORMS, WITH_TOOLS, ToolIds
 
 
 def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
@@ -66,10 +74,13 @@ def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
         else pl.lit(None, dtype=pl.Float64).alias(MSG_WEIGHT)
     )
     reasoning = pl.col(REASONING) if REASONING in names else pl.lit(None, dtype=pl.String).alias(REASONING)
+    calls = pl.col(CALLS) if CALLS in names else pl.lit(None, dtype=pl.List(pl.String)).alias(CALLS)
+    tools = pl.col(TOOLS_TEXT) if TOOLS_TEXT in records.collect_schema() else pl.lit(None, dtype=pl.String)
     return (
         records.select(
             pl.col(CONV),
             pl.col("messages"),
+            tools.alias(TOOLS_TEXT),
             pl.int_ranges(0, pl.col("messages").list.len(), dtype=pl.Int32).alias(TURN_INDEX),
         )
         .explode(["messages", TURN_INDEX])
@@ -82,16 +93,27 @@ def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
             train.cast(pl.Boolean),
             weight.cast(pl.Float64),
             reasoning.cast(pl.String),
+            calls.cast(pl.List(pl.String)),
             pl.lit(False).alias(INJECTED),
+            TOOLS_TEXT,
         )
+        # The tool list belongs to the system turn only (etl.pipeline.tools).
+        .with_columns(pl.when(pl.col(TURN_INDEX) == 0).then(pl.col(TOOLS_TEXT)).alias(TOOLS_TEXT))
     )
 
 
-def add_default_system(turns: pl.LazyFrame, *, enabled: bool) -> pl.LazyFrame:
-    """Seed 000: a conversation without a leading system turn gets one (content filled later)."""
-    if not enabled:
+def add_default_system(turns: pl.LazyFrame, *, enabled: bool, tools: bool = False) -> pl.LazyFrame:
+    """Seed 000: a conversation without a leading system turn gets one (content filled later).
+
+    With `tools` (the template renders tool lists) a conversation with tools and no system turn
+    gets one too, holding the list (`etl.pipeline.tools.glue_texts`).
+    """
+    if not (enabled or tools):
         return turns
-    missing = turns.filter((pl.col(TURN_INDEX) == 0) & (pl.col(ROLE) != "system")).select(
+    needs = (pl.col(TURN_INDEX) == 0) & (pl.col(ROLE) != "system")
+    if not enabled:
+        needs = needs & pl.col(TOOLS_TEXT).is_not_null()
+    missing = turns.filter(needs).select(
         pl.col(CONV),
         pl.lit(-1, dtype=pl.Int32).alias(TURN_INDEX),
         pl.lit("system").alias(ROLE),
@@ -99,10 +121,13 @@ def add_default_system(turns: pl.LazyFrame, *, enabled: bool) -> pl.LazyFrame:
         pl.lit(None, dtype=pl.Boolean).alias(MSG_TRAIN),
         pl.lit(None, dtype=pl.Float64).alias(MSG_WEIGHT),
         pl.lit(None, dtype=pl.String).alias(REASONING),
+        pl.lit(None, dtype=pl.List(pl.String)).alias(CALLS),
         pl.lit(True).alias(INJECTED),
+        pl.col(TOOLS_TEXT),
     )
     return (
-        pl.concat([turns, missing], how="vertical")
+        pl.concat([turns.with_columns(pl.when(~needs).then(pl.col(TOOLS_TEXT)).alias(TOOLS_TEXT)), missing],
+                  how="vertical")
         .sort([CONV, TURN_INDEX])
         .with_columns(pl.int_range(pl.len(), dtype=pl.Int32).over(CONV).alias(TURN_INDEX))
     )
@@ -132,7 +157,7 @@ def tokenize_contents(
             pl.col(REASONING).map_batches(encode_reasoning, return_dtype=pl.List(pl.Int32)).alias(REASONING_IDS),
         )
         .with_columns(
-            pl.when(pl.col(INJECTED))
+            pl.when(pl.col(INJECTED) & (pl.col(FORM) != WITH_TOOLS))
             .then(pl.lit(len(system_ids), dtype=pl.Int32))
             .otherwise(pl.col(CONTENT_IDS).list.len().cast(pl.Int32))
             .alias(CONTENT_LEN),
@@ -143,14 +168,15 @@ def tokenize_contents(
 
 
 def attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFrame:
-    """Give each turn its role's constant header/end/separator ids and piece lengths.
+    """Give each turn the header/end/separator ids of its role and form, and piece lengths.
 
     A gather from the few-row role table by role number, not a join: a join gathers every
     column of the turns again, the content ids included (one more copy of all of them).
     """
+    roles = role_table[ROLE].unique(maintain_order=True)
     number = pl.col(ROLE).replace_strict(
-        role_table[ROLE], pl.Series(range(role_table.height)), default=None, return_dtype=pl.UInt32
-    )
+        roles, pl.Series(range(0, FORMS * len(roles), FORMS)), default=None, return_dtype=pl.UInt32
+    ) + pl.col(FORM).cast(pl.UInt32)
     pieces = {HEADER_IDS: HEADER_LEN, END_IDS: END_LEN, SEP_IDS: SEP_LEN}
     return (
         turns.with_columns(number.alias("role_number"))
@@ -158,8 +184,8 @@ def attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFra
         .drop("role_number")
         .with_columns(pl.col(ids).list.len().cast(pl.Int32).alias(length) for ids, length in pieces.items())
         .with_columns(
-            (pl.col(HEADER_LEN) + pl.col(REASONING_LEN) + pl.col(CONTENT_LEN) + pl.col(END_LEN)
-             + pl.col(SEP_LEN)).alias(TURN_LEN)
+            (pl.col(HEADER_LEN) + pl.col(REASONING_LEN) + pl.col(CONTENT_LEN) + pl.col(CALLS_LEN)
+             + pl.col(END_LEN) + pl.col(SEP_LEN)).alias(TURN_LEN)
         )
     )
 
@@ -217,7 +243,8 @@ def place_turns(turns: pl.LazyFrame) -> pl.LazyFrame:
     """Each turn's span in the written example (`start`/`end`, -1 when dropped), `kept`, `trained`."""
     lo = pl.col(CUT) - pl.col(POS)  # the window in turn-relative coordinates
     hi = lo + pl.col(WINDOW)
-    h, r, c, e = pl.col(HEADER_LEN), pl.col(REASONING_LEN), pl.col(CONTENT_LEN), pl.col(END_LEN)
+    h, r, e = pl.col(HEADER_LEN), pl.col(REASONING_LEN), pl.col(END_LEN)
+    c = pl.col(CONTENT_LEN) + pl.col(CALLS_LEN)  # calls train with the content
     trained = (
         (pl.col(TRAIN_HEADER) & _overlap(pl.lit(0), h, lo, hi))
         | (pl.col(TRAIN_REASONING) & _overlap(h, h + r, lo, hi))
@@ -240,17 +267,30 @@ def plan_turns(
     encode: Encoder,
     role_table: pl.DataFrame,
     reasoning: ReasoningRender = NO_WRAP,
+    tools: ToolIds | None = None,
     system_ids: list[int] | None,
+    system_text: str | None = None,
     mask: MaskOptions,
     seq_len: int,
     bos_len: int,
     eos_len: int,
     truncation: str = "drop_oldest_turns",
 ) -> pl.LazyFrame:
-    """All per-turn stages in order: explode, default system, tokenize, template, mask, truncate."""
+    """All per-turn stages in order: explode, default system, tokenize, template, mask, truncate.
+
+    `tools` is the template's tool format (None: calls and tools stay the builder's JSON text);
+    `system_text` the default system text whose ids are `system_ids`.
+    """
+    if tools is not None and TOOLS in records.collect_schema():
+        records = records.with_columns(
+            pl.col(TOOLS).map_batches(lambda s: pl.Series(tools_text(s.to_arrow(), tools)), return_dtype=pl.String)
+            .alias(TOOLS_TEXT))
     turns = explode_turns(records)
-    turns = add_default_system(turns, enabled=system_ids is not None)
+    turns = add_default_system(turns, enabled=system_ids is not None, tools=tools is not None)
     turns = keep_reasoning(turns, reasoning)
+    turns = mark_forms(turns, tools)
+    turns = tokenize_calls(turns, encode, tools)
+    turns = glue_texts(turns, tools, default_system=system_text if system_ids is not None else None)
     turns = tokenize_contents(turns, encode=encode, system_ids=system_ids or [], reasoning=reasoning)
     turns = attach_template(turns, role_table)
     turns = mark_training(turns, mask)

@@ -14,6 +14,7 @@ import polars as pl
 
 from etl.errors import EtlError
 from etl.tokens.tokenizer import TextTokenizer, encode_template_text
+from etl.tokens.tool_format import FORMS, QWEN_TOOLS, ToolFormat, ToolIds, form_pieces, resolve_tools
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -74,6 +75,7 @@ class Template:
     train_header: bool = False
     notes: str = ""
     reasoning: ReasoningFormat = THINK
+    tools: ToolFormat | None = None  # None: calls stay JSON text after the content (the builder's)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,7 +115,8 @@ PRESETS: dict[str, Template] = {
         roles=_per_role("<|im_start|>{role}\n", "<|im_end|>", "\n"),
         special_tokens=("<|im_start|>", "<|im_end|>"),
         eot="<|im_end|>",
-        notes="Qwen / OpenAI ChatML",
+        notes="Qwen / OpenAI ChatML; tools, calls and results as Qwen3 renders them",
+        tools=QWEN_TOOLS,
     ),
     "llama3": Template(
         name="llama3",
@@ -155,17 +158,21 @@ class TemplateIds:
     special_ids: dict[str, int] = field(default_factory=dict)
     reasoning_prefix: list[int] = field(default_factory=list)  # open, before the reasoning text
     reasoning_suffix: list[int] = field(default_factory=list)  # close + after, behind it
+    tools: ToolIds | None = None
 
     def role_table(self) -> pl.DataFrame:
-        """One row per role with its constant header/end/separator ids (joined onto turns)."""
+        """FORMS rows per role (row role_number * FORMS + form) with the header/end/separator ids
+        of that form; every form of a role is its constant triple unless the tool format varies it."""
         roles = sorted(self.header)
+        rows = [form_pieces(self.tools, r, f, (self.header[r], self.end[r], self.sep[r]))
+                for r in roles for f in range(FORMS)]
         ids = pl.List(pl.Int32)
         return pl.DataFrame(
             {
-                "role": roles,
-                "header_ids": pl.Series([self.header[r] for r in roles], dtype=ids),
-                "end_ids": pl.Series([self.end[r] for r in roles], dtype=ids),
-                "sep_ids": pl.Series([self.sep[r] for r in roles], dtype=ids),
+                "role": [r for r in roles for _ in range(FORMS)],
+                "header_ids": pl.Series([h for h, _, _ in rows], dtype=ids),
+                "end_ids": pl.Series([e for _, e, _ in rows], dtype=ids),
+                "sep_ids": pl.Series([s for _, _, s in rows], dtype=ids),
             }
         )
 
@@ -180,7 +187,9 @@ class TemplateIds:
                 "eos": self.template.eos, "eot": self.template.eot, "bos_ids": self.bos,
                 "eos_ids": self.eos, "train_header": self.template.train_header,
                 "reasoning": {**asdict(self.template.reasoning), "prefix_ids": self.reasoning_prefix,
-                              "suffix_ids": self.reasoning_suffix}}
+                              "suffix_ids": self.reasoning_suffix},
+                "tools": None if self.tools is None else {**self.template.tools.to_json(),  # type: ignore[union-attr]
+                                                          "resolved": asdict(self.tools)}}
 
 
 def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateIds:
@@ -224,4 +233,5 @@ def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateId
         reasoning_prefix=encode_template_text(tokenizer, think.open, think_tokens),
         reasoning_suffix=(encode_template_text(tokenizer, think.close, think_tokens)
                           + encode_template_text(tokenizer, think.after, think_tokens)),
+        tools=None if template.tools is None else resolve_tools(template.tools, tokenizer, specials),
     )
