@@ -13,7 +13,6 @@ import polars as pl
 
 from etl.columns import (
     CALLS,
-    CALLS_IDS,
     CALLS_LEN,
     CONTENT,
     CONTENT_IDS,
@@ -39,13 +38,13 @@ from etl.columns import (
     SEP_IDS,
     SEP_LEN,
     START,
+    TOOLS,
+    TOOLS_TEXT,
     TRAIN_CONTENT,
     TRAIN_END,
     TRAIN_HEADER,
     TRAIN_REASONING,
     TRAINED,
-    TOOLS,
-    TOOLS_TEXT,
     TURN_INDEX,
     TURN_LEN,
     UNIT,

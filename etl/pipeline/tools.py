@@ -22,7 +22,18 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.columns import CALLS, CALLS_IDS, CALLS_LEN, CONTENT, CONV, FORM, INJECTED, ROLE, TOOLS_TEXT, TURN_INDEX
+from etl.columns import (
+    CALLS,
+    CALLS_IDS,
+    CALLS_LEN,
+    CONTENT,
+    CONV,
+    FORM,
+    INJECTED,
+    ROLE,
+    TOOLS_TEXT,
+    TURN_INDEX,
+)
 from etl.pipeline.assemble import range_gather
 from etl.tokens.tool_format import RESULT_FIRST, RESULT_LAST, WITH_TOOLS, ToolIds
 from etl.tokens.tool_json import BadToolJson, call_parts, tool_lines

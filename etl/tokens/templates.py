@@ -14,7 +14,14 @@ import polars as pl
 
 from etl.errors import EtlError
 from etl.tokens.tokenizer import TextTokenizer, encode_template_text
-from etl.tokens.tool_format import FORMS, QWEN_TOOLS, ToolFormat, ToolIds, form_pieces, resolve_tools
+from etl.tokens.tool_format import (
+    FORMS,
+    QWEN_TOOLS,
+    ToolFormat,
+    ToolIds,
+    form_pieces,
+    resolve_tools,
+)
 
 ROLES = ("system", "user", "assistant", "tool")
 
