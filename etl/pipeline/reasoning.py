@@ -26,6 +26,7 @@ class ReasoningRender:
     turn, none) and how it is wrapped: prefix ids + text(pre + R + post) + suffix ids."""
 
     keep: str = "all"
+    empty_last: bool = False  # a final assistant turn without reasoning gets an empty block (Qwen3)
     pre: str = "\n"
     post: str = "\n"
     prefix: tuple[int, ...] = ()
@@ -37,11 +38,21 @@ NO_WRAP = ReasoningRender()  # every reasoning kept, as bare text: for callers w
 
 def keep_reasoning(turns: pl.LazyFrame, render: ReasoningRender) -> pl.LazyFrame:
     """`REASONING` becomes the text to tokenize (pre + R + post) on the assistant turns that keep
-    it, null elsewhere: `last` keeps it after the conversation's last user turn (Qwen3's rule)."""
-    has = (pl.col(ROLE) == "assistant") & pl.col(REASONING).is_not_null()
+    it, null elsewhere: `last` keeps it after the conversation's last user turn (Qwen3's rule).
+
+    With `empty_last` the conversation's final turn, an assistant turn after the last user turn,
+    gets an empty reasoning when it has none (Qwen3 renders `<think>\n\n</think>\n\n` there).
+    """
+    assistant = pl.col(ROLE) == "assistant"
     last_user = pl.when(pl.col(ROLE) == "user").then(pl.col(TURN_INDEX)).max().over(CONV).fill_null(-1)
-    keep = {"all": has, "last": has & (pl.col(TURN_INDEX) > last_user), "none": pl.lit(False)}[render.keep]
-    text = pl.concat_str([pl.lit(render.pre), pl.col(REASONING), pl.lit(render.post)])
+    after_query = pl.col(TURN_INDEX) > last_user
+    reasoning = pl.col(REASONING).str.strip_chars("\n")
+    if render.empty_last and render.keep != "none":
+        final = assistant & after_query & (pl.col(TURN_INDEX) == pl.col(TURN_INDEX).max().over(CONV))
+        reasoning = pl.when(final).then(reasoning.fill_null("")).otherwise(reasoning)
+    has = assistant & reasoning.is_not_null()
+    keep = {"all": has, "last": has & after_query, "none": pl.lit(False)}[render.keep]
+    text = pl.concat_str([pl.lit(render.pre), reasoning, pl.lit(render.post)])
     return turns.with_columns(pl.when(keep).then(text).otherwise(None).alias(REASONING))
 
 

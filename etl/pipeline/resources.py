@@ -53,7 +53,8 @@ class Resources:
     def reasoning(self) -> ReasoningRender:
         """How reasoning is rendered: the template's think format, its turn rule unless the config sets one."""
         fmt = self.template.template.reasoning
-        return ReasoningRender(keep=self.config.mask.reasoning_turns or fmt.keep, pre=fmt.pre, post=fmt.post,
+        return ReasoningRender(keep=self.config.mask.reasoning_turns or fmt.keep, empty_last=fmt.empty_last,
+                               pre=fmt.pre, post=fmt.post,
                                prefix=tuple(self.template.reasoning_prefix),
                                suffix=tuple(self.template.reasoning_suffix))
 

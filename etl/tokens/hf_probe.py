@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from etl.tokens.chat_jinja import render
 from etl.tokens.tokenizer import TextTokenizer
@@ -92,20 +93,33 @@ class Probe:
     bos: str
     eos: str
     normalize: Callable[[str], str]
+    # Removes what the template adds by position and etl renders as a piece of its own (Qwen3's
+    # empty think block on the final turn: etl.tokens.hf_reasoning), so the rest reads as constant.
+    strip: Callable[[str], str] = str  # (the identity on text) set from it by `dataclasses.replace`
 
     def text(self, roles: Sequence[str], *, pad: str = "") -> str:
         """The raw rendering (sentinels in place of bos/eos) of marker messages with `roles`."""
+        messages = [{"role": r, "content": pad + MARKER.format(i) + pad} for i, r in enumerate(roles)]
+        return self.strip(self.raw(messages))
+
+    def raw(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> str:
+        """The template's rendering of `messages` (and `tools`), sentinels in place of bos/eos."""
         import jinja2
 
-        messages = [{"role": r, "content": pad + MARKER.format(i) + pad} for i, r in enumerate(roles)]
         tokens = {**self.tokens, "bos_token": BOS_SENTINEL, "eos_token": EOS_SENTINEL}
         try:
-            return render(self.source, messages, tokens=tokens)
+            return render(self.source, messages, tokens=tokens, tools=tools)
         except jinja2.TemplateError as exc:
             # The role an error names when the template rejects a whole probe conversation.
-            role = "tool" if "tool" in roles else roles[0]
+            roles = [m["role"] for m in messages]
+            role = "tool" if "tool" in roles or tools else roles[0]
             why = f"the template rejects a [{', '.join(roles)}] conversation: {exc}"
             raise Unsupported(role, why) from exc
+
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> str:
+        """`raw` without bos/eos, whitespace rules and `strip` applied: text to read strings from."""
+        text = self.raw(messages, tools).replace(BOS_SENTINEL, "").replace(EOS_SENTINEL, "")
+        return self.strip(self.normalize(text))
 
     def gaps(self, roles: Sequence[str]) -> tuple[list[str], bool, bool]:
         """Text before, between and after the message contents: (gaps, has_bos, has_eos)."""

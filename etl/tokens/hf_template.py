@@ -9,6 +9,7 @@ that turns a `--template` name (preset or `hf`) into a `Template`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
@@ -36,9 +37,12 @@ from etl.tokens.hf_probe import (
     split_tail,
     whitespace_rules,
 )
+from etl.tokens.hf_reasoning import block_remover, derive_reasoning
+from etl.tokens.hf_tools import derive_tool_format
 from etl.tokens.loading import load_tokenizer
-from etl.tokens.templates import PRESETS, RoleFormat, Template, get_template
+from etl.tokens.templates import PRESETS, ReasoningFormat, RoleFormat, Template, get_template
 from etl.tokens.tokenizer import TextTokenizer
+from etl.tokens.tool_format import ToolFormat
 
 HF = "hf"
 
@@ -76,15 +80,39 @@ def template_from_hf(tokenizer_dir_or_config: str | os.PathLike[str] | Config, *
                   token_string(config, "eos_token") or "", whitespace_rules(added))
     notes = [f"derived from chat_template sha256 {hashlib.sha256(source.encode()).hexdigest()[:16]}"]
     try:
+        reasoning = derive_reasoning(probe, [t.content for t in added])
+        if reasoning is None:
+            notes.append("the template renders no reasoning_content: reasoning is dropped, as it drops it")
+        else:  # the blocks it adds by position are etl's reasoning piece, not part of a header
+            probe = dataclasses.replace(probe, strip=block_remover(reasoning))
         roles = derive_roles(probe)
-        try:
-            roles.header["tool"], roles.tail["tool"] = derive_tool(probe, roles)
-        except Unsupported as exc:
-            notes.append(f"tool role left out ({exc}); records with tool messages are rejected")
-        return _assemble(roles, probe, added=added, notes=notes + _content_notes(probe, added))
+        tools = _tools(probe, roles, added, notes)
+        template = _assemble(roles, probe, added=added, notes=notes + _content_notes(probe, added))
+        return dataclasses.replace(template, reasoning=reasoning or ReasoningFormat(keep="none"), tools=tools)
     except Unsupported as exc:
         raise EtlError(f"template hf: the chat_template of {where} is not expressible as constant "
                        f"per-role header/end strings: {exc}") from exc
+
+
+def _tools(probe: Probe, roles: Roles, added: Sequence[AddedToken], notes: list[str]) -> ToolFormat | None:
+    """The template's tool format; else a constant tool role; else none (tool messages rejected).
+
+    With a tool format the tool role's own strings are those of a lone result (its forms vary
+    them, etl.pipeline.tools); without one, calls and tool lists stay JSON text.
+    """
+    specials = [t.content for t in added if t.special]
+    try:
+        fmt = derive_tool_format(probe, roles, specials=specials, added=[t.content for t in added])
+        roles.header["tool"], roles.tail["tool"] = fmt.result_first, fmt.result_last_end + fmt.result_sep
+        notes.append("tools, tool calls and tool results rendered as the template renders them")
+        return fmt
+    except Unsupported as why:
+        notes.append(f"no tool format ({why}): tool lists and calls are written as JSON text")
+    try:
+        roles.header["tool"], roles.tail["tool"] = derive_tool(probe, roles)
+    except Unsupported as exc:
+        notes.append(f"tool role left out ({exc}); records with tool messages are rejected")
+    return None
 
 
 def _content_notes(probe: Probe, added: Sequence[AddedToken]) -> list[str]:

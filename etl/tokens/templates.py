@@ -50,7 +50,8 @@ class ReasoningFormat:
     ending in "." still gets the tokenizer's ".\n" token as whole-text encoding does; `after`
     is encoded alone (a blank line before the content splits there in byte-level BPE).
     `keep` is the template's rule for which turns keep it: all, last (after the last user
-    turn, Qwen3) or none.
+    turn, Qwen3) or none; `empty_last`: a final assistant turn without reasoning gets an empty
+    block (Qwen3). The reasoning text is written without its leading/trailing newlines.
     """
 
     open: str = "<think>"
@@ -59,6 +60,7 @@ class ReasoningFormat:
     close: str = "</think>"
     after: str = "\n\n"
     keep: str = "all"
+    empty_last: bool = False
 
 
 THINK = ReasoningFormat()  # Qwen3 / DeepSeek-R1: <think>\nR\n</think>\n\n before the content

@@ -8,6 +8,7 @@ Qwen2.5 / Phi-3 tests use ../shared/data and skip when it is absent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -28,7 +29,8 @@ from etl.tokens.hf_template import (
     template_from_hf,
 )
 from etl.tokens.loading import load_tokenizer
-from etl.tokens.templates import PRESETS, resolve_template
+from etl.tokens.templates import PRESETS, RoleFormat, resolve_template
+from etl.tokens.tool_format import QWEN_TOOLS
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "tiny_chat"
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -172,7 +174,11 @@ def test_qwen25_template_strings() -> None:
     assert (template.bos, template.eos, template.eot) == ("", "", "<|im_end|>")
     assert template.special_tokens == ("<|im_start|>", "<|im_end|>")
     assert template.default_system == "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-    assert "tool" not in template.roles and "consecutive tool messages" in template.notes
+    # Tools: Qwen2.5's format, derived and checked; a lone result's strings are the tool role's.
+    assert template.tools == dataclasses.replace(QWEN_TOOLS, no_system=template.default_system + QWEN_TOOLS.system_glue,
+                                                 structure=("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"))
+    assert template.roles["tool"] == RoleFormat("<|im_start|>user\n<tool_response>\n", "\n</tool_response><|im_end|>", "\n")
+    assert template.reasoning.keep == "none" and "renders no reasoning_content" in template.notes
     ids = resolve_template(template, tokenizer)
     assert (ids.header["user"], ids.end["assistant"], ids.sep["assistant"]) == ([151644, 872, 198], [151645], [198])
 
