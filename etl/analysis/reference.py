@@ -88,7 +88,7 @@ class TransformersRenderer:
         self.description = TRANSFORMERS_PATH.format(version=transformers.__version__)
 
     def ids(self, conversations: Iterable[Conversation]) -> list[list[int]]:
-        # One call per conversation (tools differ per record), as a trainer's map() does: ~1 ms each.
+        # One call per conversation (tools differ per record), as a trainer's map() does: ~1 ms each (Qwen2.5, 5 messages).
         return [list(self.tokenizer.apply_chat_template(conv.messages, tools=conv.tools or None, tokenize=True,
                                                         return_dict=True)["input_ids"])
                 for conv in conversations]
