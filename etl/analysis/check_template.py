@@ -1,10 +1,9 @@
 """`etl check-template`: do the pipeline's ids equal the tokenizer's own chat template, tokenized whole?
 
-The reference for each example is the real `chat_template` rendered with jinja2 (transformers'
-environment, `etl.tokens.chat_jinja`) on the messages the pipeline serialized, then encoded at once by
-the raw `tokenizers` library with special tokens parsed. For Qwen2.5 this equals transformers'
-`apply_chat_template`; for Phi-3 the two differ after a special token (see shared/data/README.md).
-This is a diagnostic: it loops over examples in Python (a few thousand per second is plenty).
+The reference for each example is the real `chat_template` applied to everything the pipeline read
+(content, reasoning, tool calls, the record's tools; see `etl.analysis.reference`): by transformers'
+`apply_chat_template` when it is installed, else by etl's jinja2 rendering encoded by raw `tokenizers`.
+This is a diagnostic: it loops over examples in Python (a few hundred per second is plenty).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl import columns as c
+from etl.analysis.reference import Conversation, conversation, load_renderer, tools_column
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 from etl.formats.base import record_keys
@@ -29,13 +29,10 @@ from etl.ingest.discover import UnreadableFile, discover
 from etl.ingest.reader import read_chunks
 from etl.pipeline.build import build_examples, records_frame
 from etl.pipeline.resources import Resources, build_resources
-from etl.tokens.chat_jinja import chat_template_source, render, special_tokens_map, token_string
+from etl.tokens.chat_jinja import chat_template_source, special_tokens_map, token_string
+from etl.tokens.tool_json import BadToolJson
 
-Message = dict[str, str]
-REFERENCE_PATH = (
-    "jinja2 render of the whole conversation (transformers' sandboxed environment), encoded at once "
-    "with tokenizers.Tokenizer.encode(text, add_special_tokens=False) (raw `tokenizers`, not transformers)"
-)
+BAD_TOOL_JSON = "bad_tool_json"  # a call or tool list the reference cannot parse: counted, not checked
 NO_TRUNCATION = 1 << 30  # S so large that no conversation is truncated or dropped
 WINDOW_BEFORE, WINDOW_AFTER = 4, 8  # rows shown before / after the first difference
 ALIGN_SPAN = 64  # tokens after it that difflib aligns (quadratic at worst: keep it small)
@@ -85,7 +82,7 @@ class CheckReport:
 
 
 class Reference:
-    """The tokenizer's own chat template and a raw `tokenizers` encoder that parses special tokens."""
+    """The tokenizer's own chat template (see `load_renderer`) and a raw `tokenizers` decoder for pieces."""
 
     def __init__(self, ctx: Resources) -> None:
         from tokenizers import Tokenizer
@@ -95,10 +92,11 @@ class Reference:
         if not path:
             raise EtlError("check-template needs --tokenizer DIR: a Hugging Face tokenizer directory "
                            "with a chat_template")
-        self.source = chat_template_source(config, where=str(Path(path).with_name("tokenizer_config.json")))
-        self.tokens = special_tokens_map(config)
+        source = chat_template_source(config, where=str(Path(path).with_name("tokenizer_config.json")))
         # encode_special_tokens stays False here: the template's special tokens are control.
         self.raw = Tokenizer.from_file(path)
+        self.renderer = load_renderer(Path(path).parent, source=source, tokens=special_tokens_map(config),
+                                      raw=self.raw)
         # Every added token, special or not: etl encodes all of them as text in content.
         self.specials = tuple(t.content for t in self.raw.get_added_tokens_decoder().values())
         ends = [token_string(config, "eos_token"), token_string(config, "pad_token"), ctx.template.template.eos]
@@ -106,13 +104,12 @@ class Reference:
         bos = token_string(config, "bos_token")
         self.bos_id = self.raw.token_to_id(bos) if bos else None
 
-    def encode(self, conversations: list[list[Message]]) -> list[list[int]]:
+    def encode(self, conversations: list[Conversation]) -> list[list[int]]:
         from tqdm import tqdm
 
-        # jinja2 renders one conversation at a time (a diagnostic, not a hot path): show progress.
+        # The template renders one conversation at a time (a diagnostic, not a hot path): show progress.
         rendering = tqdm(conversations, desc="check-template", unit="ex", disable=None, leave=False)
-        texts = [render(self.source, msgs, tokens=self.tokens) for msgs in rendering]
-        return [e.ids for e in self.raw.encode_batch(texts, add_special_tokens=False)]
+        return self.renderer.ids(rendering)
 
     def loose(self, ids: list[int]) -> list[int]:
         """Ids without a leading bos and trailing eos/pad/whitespace-only tokens."""
@@ -121,8 +118,9 @@ class Reference:
             hi -= 1
         return ids[lo:hi]
 
-    def has_special_text(self, messages: list[Message]) -> bool:
-        return any(s in m["content"] for m in messages for s in self.specials)
+    def has_special_text(self, conv: Conversation) -> bool:
+        texts = [m.get(key) or "" for m in conv.messages for key in ("content", "reasoning_content")]
+        return any(s in text for text in texts for s in self.specials)
 
     def diff(self, example_id: str, ours: list[int], theirs: list[int]) -> Diff:
         """Token rows around the first difference, aligned by difflib so an extra token shows as a gap."""
@@ -180,26 +178,42 @@ def _good_rows(raw: pa.Table, ctx: Resources, report: CheckReport, *, room: int 
     return good
 
 
-def _conversations(records: pl.DataFrame, plan: pl.DataFrame, default_system: str | None) -> list[list[Message]]:
-    """The messages the pipeline serialized, injected default system message included."""
+def _conversations(records: pl.DataFrame, tools: list[str | None], plan: pl.DataFrame,
+                   default_system: str | None) -> list[Conversation | None]:
+    """Everything the pipeline read per record, its injected default system message included.
+
+    None for a record whose tool calls or tool list are not JSON a template can render.
+    """
     injected = set(plan.filter(pl.col(c.INJECTED))[c.CONV].to_list())
-    convs = []
-    for conv, messages in zip(records[c.CONV].to_list(), records["messages"].to_list(), strict=True):
-        msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+    convs: list[Conversation | None] = []
+    for conv, messages, tool_text in zip(records[c.CONV].to_list(), records["messages"].to_list(), tools,
+                                         strict=True):
+        try:
+            item = conversation(messages, tool_text)
+        except BadToolJson:
+            convs.append(None)
+            continue
         if conv in injected:
-            msgs.insert(0, {"role": "system", "content": default_system or ""})
-        convs.append(msgs)
+            item.messages.insert(0, {"role": "system", "content": default_system or ""})
+        convs.append(item)
     return convs
 
 
-def compare_chunk(records: pl.DataFrame, ctx: Resources, ref: Reference, report: CheckReport) -> None:
-    """Run the pipeline on one chunk of records and compare every example with the reference."""
+def compare_chunk(records: pl.DataFrame, tools: list[str | None], ctx: Resources, ref: Reference,
+                  report: CheckReport) -> None:
+    """Run the pipeline on one chunk of records and compare every example with the reference.
+
+    `tools` is the builder's tool-list text per record (all None when the template does not render tools).
+    """
     examples, plan = build_examples(records, ctx)
-    convs = _conversations(records, plan, ctx.config.default_system)
     ours_by_conv = dict(zip(examples[c.CONV].to_list(), examples[c.INPUT_IDS].to_list(), strict=True))
-    theirs = ref.encode(convs)
-    rows = zip(records[c.CONV].to_list(), records[c.ID].to_list(), convs, theirs, strict=True)
-    for conv, example_id, msgs, ref_ids in rows:
+    convs = _conversations(records, tools, plan, ctx.config.default_system)
+    rows = [(conv, example_id, item) for conv, example_id, item
+            in zip(records[c.CONV].to_list(), records[c.ID].to_list(), convs, strict=True) if item is not None]
+    if len(rows) < records.height:
+        report.rejected[BAD_TOOL_JSON] = report.rejected.get(BAD_TOOL_JSON, 0) + records.height - len(rows)
+    theirs = ref.encode([item for _, _, item in rows])
+    for (conv, example_id, item), ref_ids in zip(rows, theirs, strict=True):
         ours = ours_by_conv.get(conv, [])
         report.examples += 1
         if ours == ref_ids:
@@ -207,7 +221,7 @@ def compare_chunk(records: pl.DataFrame, ctx: Resources, ref: Reference, report:
             report.identical_loose += 1
             continue
         report.identical_loose += ref.loose(ours) == ref.loose(ref_ids)
-        report.differ_with_special_text += ref.has_special_text(msgs)
+        report.differ_with_special_text += ref.has_special_text(item)
         if report.first_diff is None:
             report.first_diff = ref.diff(example_id, ours, ref_ids)
 
@@ -224,7 +238,7 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
     ctx = build_resources(config)
     ref = Reference(ctx)
     template = ctx.template.template
-    report = CheckReport(template=template.name, tokenizer=ctx.tokenizer.name, reference=REFERENCE_PATH,
+    report = CheckReport(template=template.name, tokenizer=ctx.tokenizer.name, reference=ref.renderer.description,
                          default_system=config.default_system, template_notes=template.notes,
                          input_type=config.input_type, template_default_system=own_default_system(ctx))
     for source in discover(src):
@@ -232,7 +246,7 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
             for raw in read_chunks(source, chunk_bytes=config.chunk_bytes):
                 good = _good_rows(raw, ctx, report, room=None if limit is None else limit - report.examples)
                 if good.num_rows:
-                    compare_chunk(records_frame(source.name, good), ctx, ref, report)
+                    compare_chunk(records_frame(source.name, good), tools_column(good), ctx, ref, report)
                 if limit is not None and report.examples >= limit:
                     return report
         except UnreadableFile as exc:  # counted like `etl run` counts it: one reject, and go on

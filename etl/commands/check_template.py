@@ -11,13 +11,17 @@ NAME = "check-template"
 HELP = "compare the pipeline's ids with the tokenizer's own chat_template tokenized whole"
 DESCRIPTION = """\
 Run the etl pipeline in memory on SRC (no truncation) and compare each example's input_ids
-with the reference: the tokenizer's chat_template rendered with jinja2 (as transformers does)
-on the same messages, the pipeline's inserted default system message included, and the whole
-text encoded at once by the raw `tokenizers` library (not transformers: for Phi-3 the two
-paths differ after special tokens). Prints a table: identical examples, those equal after
-ignoring a leading bos and trailing eos/pad/whitespace, records rejected before the check; a
-one-line verdict; hints (the input type the records' keys suggest, the chat_template's own
-default system prompt); and the first differing example as aligned token pieces.
+with the reference: the tokenizer's chat_template applied to the same conversation (content,
+reasoning as reasoning_content, tool calls as tool_calls, the record's tools, the pipeline's
+inserted default system message) by transformers' apply_chat_template(tokenize=True), the ids
+a trainer using transformers gets; without transformers installed, etl's jinja2 rendering of
+the template encoded whole by the raw `tokenizers` library (for Phi-3 the two paths differ
+after special tokens). Special-token text in content is control to the reference and text to
+etl, on purpose: such examples are counted apart. Prints a table: identical examples, those
+equal after ignoring a leading bos and trailing eos/pad/whitespace, records rejected before the
+check; a one-line verdict; the reference used; hints (the input type the records' keys suggest,
+the chat_template's own default system prompt); and the first differing example as aligned
+token pieces.
 
 examples:
   etl check-template chats.jsonl --tokenizer ../shared/data/qwen2.5-tokenizer

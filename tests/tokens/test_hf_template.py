@@ -12,6 +12,7 @@ import dataclasses
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import jinja2
@@ -200,9 +201,12 @@ def test_phi3_template_strings() -> None:
 
 @pytest.mark.shared
 @pytest.mark.parametrize("tokenizer", [QWEN, PHI3], ids=["qwen2.5", "phi3"])
-def test_real_templates_match_the_whole_rendering(tokenizer: Path, tmp_path: Path) -> None:
+def test_real_templates_match_the_whole_rendering(tokenizer: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     if not tokenizer.exists():
         pytest.skip(f"needs {tokenizer}")
+    if tokenizer == PHI3:  # the raw-tokenizers reference: transformers differs from it after a special
+        monkeypatch.setitem(sys.modules, "transformers", None)  # token (tests/analysis/test_check_template_reference)
     chats = [
         [("user", "What is 2+2?"), ("assistant", "4.")],
         [("system", "Be terse."), ("user", "Name a colour."), ("assistant", "Blue."),
