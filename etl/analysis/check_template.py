@@ -69,6 +69,9 @@ class CheckReport:
     identical: int = 0
     identical_loose: int = 0
     differ_with_special_text: int = 0
+    # Of those, identical to transformers' apply_chat_template(sanitize_control_tokens=True), which
+    # encodes special-token text in messages as text as etl does (None: reference cannot say).
+    identical_as_data: int | None = None
     rejected: dict[str, int] = field(default_factory=dict)
     record_keys: list[str] = field(default_factory=list)
     first_diff: Diff | None = None
@@ -221,7 +224,11 @@ def compare_chunk(records: pl.DataFrame, tools: list[str | None], ctx: Resources
             report.identical_loose += 1
             continue
         report.identical_loose += ref.loose(ours) == ref.loose(ref_ids)
-        report.differ_with_special_text += ref.has_special_text(item)
+        if ref.has_special_text(item):
+            report.differ_with_special_text += 1
+            as_data = ref.renderer.ids_as_data([item])
+            if as_data is not None:
+                report.identical_as_data = (report.identical_as_data or 0) + (as_data[0] == ours)
         if report.first_diff is None:
             report.first_diff = ref.diff(example_id, ours, ref_ids)
 

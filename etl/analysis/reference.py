@@ -75,6 +75,10 @@ class Renderer(Protocol):
 
     def ids(self, conversations: Iterable[Conversation]) -> list[list[int]]: ...
 
+    def ids_as_data(self, conversations: Iterable[Conversation]) -> list[list[int]] | None:
+        """The ids with special-token text in messages encoded as text (etl's rule), None if unsupported."""
+        ...
+
 
 class TransformersRenderer:
     """transformers' own `apply_chat_template`, tokenizer loaded once (a few seconds) per check."""
@@ -93,6 +97,15 @@ class TransformersRenderer:
                                                         return_dict=True)["input_ids"])
                 for conv in conversations]
 
+    def ids_as_data(self, conversations: Iterable[Conversation]) -> list[list[int]] | None:
+        # transformers' own switch for etl's rule (content is data): `sanitize_control_tokens`.
+        try:
+            return [list(self.tokenizer.apply_chat_template(conv.messages, tools=conv.tools or None, tokenize=True,
+                                                            return_dict=True, sanitize_control_tokens=True)["input_ids"])
+                    for conv in conversations]
+        except TypeError:  # a transformers without the option
+            return None
+
 
 class Jinja2Renderer:
     """etl's jinja2 rendering of the chat_template, the whole text encoded by raw `tokenizers`."""
@@ -106,6 +119,9 @@ class Jinja2Renderer:
         texts = [render(self.source, conv.messages, tokens=self.tokens, tools=conv.tools or None)
                  for conv in conversations]
         return [e.ids for e in self.raw.encode_batch(texts, add_special_tokens=False)]
+
+    def ids_as_data(self, conversations: Iterable[Conversation]) -> list[list[int]] | None:
+        return None
 
 
 def load_renderer(directory: Path, *, source: str, tokens: Mapping[str, str], raw: Any) -> Renderer:

@@ -78,6 +78,9 @@ def render_text(report: dict[str, Any]) -> str:
     if report["differ_with_special_text"]:
         rows.append(("differing, content has special-token text", f"{report['differ_with_special_text']:,}",
                      "etl encodes it as text, on purpose"))
+    if report.get("identical_as_data") is not None:
+        rows.append(("  of which identical with sanitize_control_tokens", f"{report['identical_as_data']:,}",
+                     "transformers encoding special-token text in messages as text, as etl does"))
     if report["rejected"]:
         rows.append(("records rejected, not checked", f"{sum(report['rejected'].values()):,}",
                      ", ".join(f"{reason} {k:,}" for reason, k in report["rejected"].items())))
