@@ -196,8 +196,10 @@ def _conversations(records: pl.DataFrame, tools: list[str | None], plan: pl.Data
         except BadToolJson:
             convs.append(None)
             continue
-        if conv in injected:
-            item.messages.insert(0, {"role": "system", "content": default_system or ""})
+        # The run's default system prompt is a message etl adds; a system turn etl opened only
+        # to list tools is the template's own doing, which the reference renders by itself.
+        if conv in injected and default_system is not None:
+            item.messages.insert(0, {"role": "system", "content": default_system})
         convs.append(item)
     return convs
 
