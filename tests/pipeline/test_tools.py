@@ -65,7 +65,7 @@ def _run(tmp_path: Path, records: list[dict[str, object]], **config: object) -> 
     src.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     cfg = RunConfig(template="chatml", tokenizer="bytes", **config)  # type: ignore[arg-type]
     etl_run(str(src), str(tmp_path / "out"), cfg)
-    return pq.read_table(sorted((tmp_path / "out" / "data" / "train").glob("*.parquet"))[0]), cfg
+    return pq.read_table(min((tmp_path / "out" / "data" / "train").glob("*.parquet"))), cfg
 
 
 def _ids(cfg: RunConfig, text: str) -> list[int]:
