@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from etl.columns import DEFAULT_MAX_RECORD_BYTES, INVALID_UTF8
 from etl.errors import EtlError
+
+if TYPE_CHECKING:
+    from etl.formats.unread_fields import UnreadFields
 
 RAW_PREVIEW_CHARS = 500
 # A `missing_key` detail ends with RECORD_KEYS and the record's keys as a JSON list (the
@@ -40,11 +43,16 @@ TOO_LARGE = "record_too_large"
 
 @dataclass(frozen=True)
 class BuilderQuery:
-    """SQL over the relation `raw` plus its bound parameters; longer records are rejected unparsed."""
+    """SQL over the relation `raw` plus its bound parameters; longer records are rejected unparsed.
+
+    `unread`, for builders of message lists, warns once per query (a run) about message fields
+    the query does not read.
+    """
 
     sql: str
     params: dict[str, Any]
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    unread: UnreadFields | None = field(default=None, compare=False, repr=False)
 
 
 Builder = Callable[..., BuilderQuery]

@@ -59,12 +59,16 @@ def run_builder(con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQue
     """Run a builder over one raw chunk; returns the canonical table (good and bad rows).
 
     Records over `query.max_record_bytes` never reach DuckDB: they come back as
-    `record_too_large` rows, in line order with the others.
+    `record_too_large` rows, in line order with the others. A query with an `unread` check
+    warns here about message fields it does not read (once per field per query).
     """
     too_large = record_bytes(raw.column("line")) > query.max_record_bytes
+    fitting = raw.filter(pa.array(~too_large)) if too_large.any() else raw
+    if query.unread is not None:
+        query.unread.check(con, fitting)
     if not too_large.any():
         return _run_sql(con, raw, query)
-    parsed = _run_sql(con, raw.filter(pa.array(~too_large)), query)
+    parsed = _run_sql(con, fitting, query)
     rejected = _too_large_rows(raw.filter(pa.array(too_large)), parsed.schema, query.max_record_bytes)
     table = pa.concat_tables([parsed, rejected])
     return table.take(pc.sort_indices(table.column("source_line")))
