@@ -12,13 +12,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from etl.columns import DEFAULT_MAX_RECORD_BYTES, INVALID_UTF8
 from etl.errors import EtlError
-
-if TYPE_CHECKING:
-    from etl.formats.unread_fields import UnreadFields
 
 RAW_PREVIEW_CHARS = 500
 # A `missing_key` detail ends with RECORD_KEYS and the record's keys as a JSON list (the
@@ -41,18 +38,24 @@ NL = "chr(10)"  # DuckDB string literals have no escapes: a newline is chr(10)
 TOO_LARGE = "record_too_large"
 
 
+class FieldCheck(Protocol):
+    """A check over the raw chunks a query parses (`etl.formats.unread_fields.UnreadFields`)."""
+
+    def check(self, con: Any, raw: Any) -> None: ...
+
+
 @dataclass(frozen=True)
 class BuilderQuery:
     """SQL over the relation `raw` plus its bound parameters; longer records are rejected unparsed.
 
     `unread`, for builders of message lists, warns once per query (a run) about message fields
-    the query does not read.
+    the query does not read (`etl.formats.unread_fields`).
     """
 
     sql: str
     params: dict[str, Any]
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    unread: UnreadFields | None = field(default=None, compare=False, repr=False)
+    unread: FieldCheck | None = field(default=None, compare=False, repr=False)
 
 
 Builder = Callable[..., BuilderQuery]
