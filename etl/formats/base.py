@@ -39,7 +39,8 @@ TOO_LARGE = "record_too_large"
 
 
 class FieldCheck(Protocol):
-    """A check over the raw chunks a query parses (`etl.formats.unread_fields.UnreadFields`)."""
+    """A check of each raw chunk a query parses, run while `con` has it registered as `raw`
+    (`etl.formats.unread_fields.UnreadFields`)."""
 
     def check(self, con: Any, raw: Any) -> None: ...
 

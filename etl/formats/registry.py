@@ -63,12 +63,9 @@ def run_builder(con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQue
     warns here about message fields it does not read (once per field per query).
     """
     too_large = record_bytes(raw.column("line")) > query.max_record_bytes
-    fitting = raw.filter(pa.array(~too_large)) if too_large.any() else raw
-    if query.unread is not None:
-        query.unread.check(con, fitting)
     if not too_large.any():
         return _run_sql(con, raw, query)
-    parsed = _run_sql(con, fitting, query)
+    parsed = _run_sql(con, raw.filter(pa.array(~too_large)), query)
     rejected = _too_large_rows(raw.filter(pa.array(too_large)), parsed.schema, query.max_record_bytes)
     table = pa.concat_tables([parsed, rejected])
     return table.take(pc.sort_indices(table.column("source_line")))
@@ -82,6 +79,8 @@ def _run_sql(con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQuery)
     con.execute("set allocator_background_threads = true")
     con.register("raw", raw)
     try:
+        if query.unread is not None:  # reads `raw` while it is registered (~0.5 ms a chunk saved)
+            query.unread.check(con, raw)
         return con.sql(query.sql, params=query.params).to_arrow_table()
     finally:
         con.unregister("raw")

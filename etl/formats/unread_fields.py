@@ -3,7 +3,8 @@
 The builders' `json_transform` reads only the keys they know, so a field nothing maps (`name`,
 `function_call`, `reasoning_content` under `reasoning_keys: []`) would vanish without a trace.
 `UnreadFields.check` reads the field names of the messages of each file's first SAMPLE_LINES
-records: one more parse of those records only, ~1 ms a file when every field is known.
+records: one more parse of those records only. `bench/unread_fields.py` on T0 as chat: +1.2% to
+parsing one 66 MB file, +1.9% with 110-record files (its worst case, ~1.7 ms a file).
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ SAMPLE_LINES = 1000
 BUILTIN_IGNORED = ("id",)
 IGNORE_OPTION = "ignore_fields"
 
-# The fields of the sampled messages not known yet: json_keys, no value is copied (~1.3 ms per
-# 110 chat records, 2.5 ms per 1,000, most of it DuckDB's fixed cost). Usually empty: done.
+# The fields of the sampled messages not known yet: json_keys, no value is copied (~1.5 ms per
+# 110 chat records, ~3 ms per 1,000). Usually empty: done.
 CANDIDATES = """
 select list_filter(
     list_distinct(flatten(flatten(list(try(json_keys(line, $messages_path)))))),
     lambda k: not list_contains($known, k)) as fields
-from raw"""
+from raw
+where source_line < $sample_lines"""
 
 # Only when there are candidates: per sampled record, its distinct candidate fields that hold
 # something (~3 ms per 110 records, 12 ms per 1,000). JSON null, "", [] and {} lose nothing
@@ -47,6 +49,7 @@ with sample as (
         source_line,
         struct_extract_at(try(json_transform(line, $structure)), 1) as msgs
     from raw
+    where source_line < $sample_lines
 ),
 fields as (
     select
@@ -100,27 +103,27 @@ class UnreadFields:
         return cls(messages_key, frozenset((*read, *ignored, *BUILTIN_IGNORED)), hints)
 
     def check(self, con: duckdb.DuckDBPyConnection, raw: pa.Table) -> None:
-        """Warn about each unread field of the sampled records of a raw chunk not warned of yet."""
+        """Warn about each unread field of a raw chunk's sampled records not warned of yet.
+
+        `raw` is the chunk that `con` has registered as the relation `raw` (the builder's input).
+        """
         lines = raw.column(SOURCE_LINE)
         if raw.num_rows == 0 or lines[0].as_py() >= SAMPLE_LINES:
             return  # past the sample: the usual chunk costs nothing
-        sample = raw.slice(0, int(np.searchsorted(lines.to_numpy(), SAMPLE_LINES)))
-        con.register("raw", sample)
-        try:
-            rows = self._unread(con)
-        finally:
-            con.unregister("raw")
-        for name, records, _ in sorted(rows, key=lambda r: (r[2], r[0])):
+        sampled = int(np.searchsorted(lines.to_numpy(), SAMPLE_LINES))
+        for name, records, _ in sorted(self._unread(con), key=lambda r: (r[2], r[0])):
             self.warned.add(name)
-            text = warning_text(name, records=records, sampled=sample.num_rows, option=self.hints.get(name))
-            warnings.warn(text, EtlWarning, stacklevel=3)
+            text = warning_text(name, records=records, sampled=sampled, option=self.hints.get(name))
+            warnings.warn(text, EtlWarning, stacklevel=4)
 
     def _unread(self, con: duckdb.DuckDBPyConnection) -> list[tuple[str, int, int]]:
         """(field, records that have it, first line) of the unread fields of the relation `raw`."""
         known = sorted(self.known | self.warned)
         path = json_key_path(self.messages_key) + "[*]"
-        candidates = con.execute(CANDIDATES, {"messages_path": path, "known": known}).fetchall()[0][0]
+        candidates = con.execute(CANDIDATES, {"messages_path": path, "known": known,
+                                              "sample_lines": SAMPLE_LINES}).fetchall()[0][0]
         if not candidates:
             return []
         structure = json.dumps({self.messages_key: ["MAP(VARCHAR, JSON)"]})
-        return con.execute(QUERY, {"structure": structure, "candidates": candidates}).fetchall()
+        return con.execute(QUERY, {"structure": structure, "candidates": candidates,
+                                   "sample_lines": SAMPLE_LINES}).fetchall()
