@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from etl.columns import DEFAULT_MAX_RECORD_BYTES, INVALID_UTF8
 from etl.errors import EtlError
@@ -38,13 +38,25 @@ NL = "chr(10)"  # DuckDB string literals have no escapes: a newline is chr(10)
 TOO_LARGE = "record_too_large"
 
 
+class FieldCheck(Protocol):
+    """A check of each raw chunk a query parses, run while `con` has it registered as `raw`
+    (`etl.formats.unread_fields.UnreadFields`)."""
+
+    def check(self, con: Any, raw: Any) -> None: ...
+
+
 @dataclass(frozen=True)
 class BuilderQuery:
-    """SQL over the relation `raw` plus its bound parameters; longer records are rejected unparsed."""
+    """SQL over the relation `raw` plus its bound parameters; longer records are rejected unparsed.
+
+    `unread`, for builders of message lists, warns once per query (a run) about message fields
+    the query does not read (`etl.formats.unread_fields`).
+    """
 
     sql: str
     params: dict[str, Any]
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    unread: FieldCheck | None = field(default=None, compare=False, repr=False)
 
 
 Builder = Callable[..., BuilderQuery]

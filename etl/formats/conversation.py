@@ -39,6 +39,7 @@ from etl.formats.conversation_sql import (
     REASONING_PARTS,
     TEXT,
 )
+from etl.formats.unread_fields import IGNORE_OPTION, UnreadFields
 
 SHAREGPT_ROLES = {
     "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
@@ -50,6 +51,13 @@ DEFAULT_TOOLS_PREFIX = "# Tools\n\n"
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 REASONING_PART_TYPES = ("reasoning", "thinking")
 TOOL_CALL_PART_TYPES = ("tool_call",)
+# Message fields an option reads when set to them: the unread-field warning names the option.
+# LLaMA-Factory's v1 data names the weight `loss_weight`; axolotl names the train flag `training`.
+FIELD_OPTIONS = {
+    "role": "role_key", "from": "role_key", "content": "content_key", "value": "content_key",
+    "train": "train_key", "training": "train_key", "weight": "weight_key", "loss_weight": "weight_key",
+    "tool_calls": "tool_calls_key", **dict.fromkeys(REASONING_KEYS, "reasoning_keys"),
+}
 
 
 def _check_keys(keys: dict[str, str | None], *, required: tuple[str, ...], reasoning_keys: Sequence[str]) -> None:
@@ -127,8 +135,14 @@ def conversation_query(
     tool_call_roles: Sequence[str] = (),
     parse_think: bool = True,
     template_tools: bool = False,
+    ignore_fields: Sequence[str] = (),
+    tool_calls_option: bool = True,
 ) -> BuilderQuery:
-    """The shared query of `chat` and `sharegpt`; every key and string is a bound parameter."""
+    """The shared query of `chat` and `sharegpt`; every key and string is a bound parameter.
+
+    Its `unread` check warns about message fields that none of the keys reads and
+    `ignore_fields` does not list; `tool_calls_option`: the type has `tool_calls_key`.
+    """
     _check_keys({"messages_key": messages_key, "role_key": role_key, "content_key": content_key,
                  "train_key": train_key, "weight_key": weight_key, "tool_calls_key": tool_calls_key,
                  "system_key": system_key, "tools_key": tools_key, "domain_key": domain_key},
@@ -136,7 +150,7 @@ def conversation_query(
     _check_values(role_map=role_map, parse_think=parse_think,
                   names={"text_part_types": text_part_types, "reasoning_part_types": reasoning_part_types,
                          "tool_call_part_types": tool_call_part_types, "reasoning_keys": reasoning_keys,
-                         "tool_call_roles": tool_call_roles},
+                         "tool_call_roles": tool_call_roles, IGNORE_OPTION: ignore_fields},
                   strings={"part_separator": part_separator, "tools_prefix": tools_prefix})
     # A part type read as text is text only (a config that lists `reasoning` in text_part_types).
     reasoning_part_types = [t for t in reasoning_part_types if t not in text_part_types]
@@ -166,7 +180,9 @@ def conversation_query(
         "train_key": train_key or "", "weight_key": weight_key or "",
         "system_key": system_key or "", "tools_key": tools_key or "", "tool_calls_key": tool_calls_key or "",
     }
-    return BuilderQuery(sql="with" + records_cte(slots) + "," + body, params=params)
+    hints = {f: o for f, o in FIELD_OPTIONS.items() if tool_calls_option or o != "tool_calls_key"}
+    unread = UnreadFields.of(messages_key, read=list(msg.specs), ignored=ignore_fields, hints=hints)
+    return BuilderQuery(sql="with" + records_cte(slots) + "," + body, params=params, unread=unread)
 
 
 @register_builder("chat")
@@ -190,6 +206,7 @@ def chat_builder(
     reasoning_part_types: Sequence[str] = REASONING_PART_TYPES,
     tool_call_part_types: Sequence[str] = TOOL_CALL_PART_TYPES,
     parse_think: bool = True,
+    ignore_fields: Sequence[str] = (),
     template_tools: bool = False,
     **_: Any,
 ) -> BuilderQuery:
@@ -209,7 +226,8 @@ def chat_builder(
     `train`/`weight` (LLaMA-Factory's v1 data names the weight `loss_weight`). `role_map`
     renames source roles before the roles are checked against the template's. With
     `system_key` / `tools_key` set, a top-level system prompt and tool list are handled as in
-    `sharegpt`.
+    `sharegpt`. A message field that none of the keys reads warns once per run, naming the
+    option that would read it, unless `ignore_fields` lists it.
     """
     return conversation_query(
         roles=roles, messages_key=messages_key, role_key=role_key, content_key=content_key,
@@ -218,6 +236,7 @@ def chat_builder(
         system_key=system_key, tools_key=tools_key, tools_prefix=tools_prefix, domain_key=domain_key,
         reasoning_keys=reasoning_keys, reasoning_part_types=reasoning_part_types,
         tool_call_part_types=tool_call_part_types, parse_think=parse_think, template_tools=template_tools,
+        ignore_fields=ignore_fields,
     )
 
 
@@ -242,6 +261,7 @@ def sharegpt_builder(
     reasoning_part_types: Sequence[str] = REASONING_PART_TYPES,
     tool_call_part_types: Sequence[str] = TOOL_CALL_PART_TYPES,
     parse_think: bool = True,
+    ignore_fields: Sequence[str] = (),
     template_tools: bool = False,
     **_: Any,
 ) -> BuilderQuery:
@@ -255,7 +275,8 @@ def sharegpt_builder(
     format; with another template `tools_prefix` + the tools text is appended to the system
     message (one is created when there is none), separated by a blank line. A message whose
     source role is in `tool_call_roles` (glaive's `function_call`) is an assistant tool call
-    whose content is the call's JSON, under a template with a tool format.
+    whose content is the call's JSON, under a template with a tool format. Unread message
+    fields warn as in `chat`.
     """
     if role_map is not None and not isinstance(role_map, Mapping):
         raise EtlError(f"input.role_map is {role_map!r}; expected an object of source role -> role")
@@ -267,4 +288,5 @@ def sharegpt_builder(
         tools_prefix=tools_prefix, domain_key=domain_key, reasoning_keys=reasoning_keys,
         reasoning_part_types=reasoning_part_types, tool_call_part_types=tool_call_part_types,
         tool_call_roles=tool_call_roles, parse_think=parse_think, template_tools=template_tools,
+        ignore_fields=ignore_fields, tool_calls_option=False,
     )
