@@ -24,7 +24,7 @@ from etl.analysis.reference import Conversation, conversation, load_renderer, to
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 from etl.formats.base import record_keys
-from etl.formats.registry import run_builder
+from etl.formats.registry import BuilderQuery, run_builder
 from etl.ingest.discover import UnreadableFile, discover
 from etl.ingest.reader import read_chunks
 from etl.pipeline.build import build_examples, records_frame
@@ -164,9 +164,11 @@ def own_default_system(ctx: Resources) -> str | None:
         return None
 
 
-def _good_rows(raw: pa.Table, ctx: Resources, report: CheckReport, *, room: int | None) -> pa.Table:
-    """Parse a chunk with the run's builder; count rejects up to the last good row kept (`room`)."""
-    parsed = run_builder(ctx.con, raw, ctx.builder_query())
+def _good_rows(raw: pa.Table, ctx: Resources, query: BuilderQuery, report: CheckReport, *,
+               room: int | None) -> pa.Table:
+    """Parse a chunk with the run's builder query (built once per check: its warnings come once);
+    count rejects up to the last good row kept (`room`)."""
+    parsed = run_builder(ctx.con, raw, query)
     good = parsed.filter(parsed.column(c.REASON).is_null())
     if room is not None and good.num_rows > room:
         good = good.slice(0, room)
@@ -250,10 +252,11 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
     report = CheckReport(template=template.name, tokenizer=ctx.tokenizer.name, reference=ref.renderer.description,
                          default_system=config.default_system, template_notes=template.notes,
                          input_type=config.input_type, template_default_system=own_default_system(ctx))
+    query = ctx.builder_query()
     for source in discover(src):
         try:
             for raw in read_chunks(source, chunk_bytes=config.chunk_bytes):
-                good = _good_rows(raw, ctx, report, room=None if limit is None else limit - report.examples)
+                good = _good_rows(raw, ctx, query, report, room=None if limit is None else limit - report.examples)
                 if good.num_rows:
                     compare_chunk(records_frame(source.name, good), tools_column(good), ctx, ref, report)
                 if limit is not None and report.examples >= limit:
