@@ -113,6 +113,34 @@ def _query_body(per_message: dict[str, str]) -> str:
     )
 
 
+# `conversation_query` arguments checked by `_validate`: keys (JSON field names), lists of names, strings.
+KEY_ARGS = ("messages_key", "role_key", "content_key", "train_key", "weight_key", "tool_calls_key", "system_key",
+            "tools_key", "domain_key")
+NAME_LIST_ARGS = ("text_part_types", "reasoning_part_types", "tool_call_part_types", "reasoning_keys",
+                  "tool_call_roles", IGNORE_OPTION)
+STRING_ARGS = ("part_separator", "tools_prefix")
+
+
+def _validate(args: Mapping[str, Any]) -> None:
+    """`conversation_query`'s arguments (by name) checked before any SQL is built."""
+    _check_keys({k: args[k] for k in KEY_ARGS}, required=KEY_ARGS[:3], reasoning_keys=args["reasoning_keys"])
+    _check_values(role_map=args["role_map"], parse_think=args["parse_think"],
+                  names={k: args[k] for k in NAME_LIST_ARGS}, strings={k: args[k] for k in STRING_ARGS})
+
+
+def _message_slots(*, role_key: str, content_key: str, train_key: str | None, weight_key: str | None,
+                   tool_calls_key: str | None, reasoning_keys: Sequence[str]) -> tuple[Slots, dict[str, str]]:
+    """The message fields the query reads, as SQL over a message's JSON (`x`), by output field."""
+    msg = Slots("x")
+    per_message = {
+        "role": msg.slot(role_key), "content": msg.slot(content_key), "train": msg.slot(train_key),
+        "weight": msg.slot(weight_key), "calls": msg.slot(tool_calls_key),
+    }
+    reasoning = [msg.slot(k) for k in reasoning_keys]
+    per_message["reasoning"] = f"coalesce({', '.join(reasoning)})" if reasoning else "null::json"
+    return msg, per_message
+
+
 def conversation_query(
     *,
     roles: Sequence[str],
@@ -143,25 +171,13 @@ def conversation_query(
     Its `unread` check warns about message fields that none of the keys reads and
     `ignore_fields` does not list; `tool_calls_option`: the type has `tool_calls_key`.
     """
-    _check_keys({"messages_key": messages_key, "role_key": role_key, "content_key": content_key,
-                 "train_key": train_key, "weight_key": weight_key, "tool_calls_key": tool_calls_key,
-                 "system_key": system_key, "tools_key": tools_key, "domain_key": domain_key},
-                required=("messages_key", "role_key", "content_key"), reasoning_keys=reasoning_keys)
-    _check_values(role_map=role_map, parse_think=parse_think,
-                  names={"text_part_types": text_part_types, "reasoning_part_types": reasoning_part_types,
-                         "tool_call_part_types": tool_call_part_types, "reasoning_keys": reasoning_keys,
-                         "tool_call_roles": tool_call_roles, IGNORE_OPTION: ignore_fields},
-                  strings={"part_separator": part_separator, "tools_prefix": tools_prefix})
+    _validate(locals())
     # A part type read as text is text only (a config that lists `reasoning` in text_part_types).
     reasoning_part_types = [t for t in reasoning_part_types if t not in text_part_types]
     tool_call_part_types = [t for t in tool_call_part_types if t not in text_part_types]
-    msg = Slots("x")
-    per_message = {
-        "role": msg.slot(role_key), "content": msg.slot(content_key), "train": msg.slot(train_key),
-        "weight": msg.slot(weight_key), "calls": msg.slot(tool_calls_key),
-    }
-    reasoning = [msg.slot(k) for k in reasoning_keys]
-    per_message["reasoning"] = f"coalesce({', '.join(reasoning)})" if reasoning else "null::json"
+    msg, per_message = _message_slots(role_key=role_key, content_key=content_key, train_key=train_key,
+                                      weight_key=weight_key, tool_calls_key=tool_calls_key,
+                                      reasoning_keys=reasoning_keys)
     top = Slots("rec")
     slots = {
         "msgs": top.slot(messages_key, [msg.structure()]),

@@ -162,6 +162,15 @@ def _pieces(
     return sources, piece_source, starts, lengths
 
 
+def _piece_flags(turns: pl.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """(kept turns, PIECES) training flags: BOS, separator and EOS never train; calls train with the content."""
+    n = len(rows)
+    content = turns[c.TRAIN_CONTENT].to_numpy()[rows]
+    return np.stack([np.zeros(n, bool), turns[c.TRAIN_HEADER].to_numpy()[rows],
+                     turns[c.TRAIN_REASONING].to_numpy()[rows], content, content,
+                     turns[c.TRAIN_END].to_numpy()[rows], np.zeros(n, bool), np.zeros(n, bool)], axis=1)
+
+
 def assemble(
     turns: pl.DataFrame,
     *,
@@ -188,19 +197,7 @@ def assemble(
 
     piece_src = np.stack(starts, axis=1).astype(np.int64)
     piece_len = np.stack(lengths, axis=1).astype(np.int64)
-    flags = np.stack(
-        [
-            np.zeros(n, bool),
-            turns[c.TRAIN_HEADER].to_numpy()[rows],
-            turns[c.TRAIN_REASONING].to_numpy()[rows],
-            turns[c.TRAIN_CONTENT].to_numpy()[rows],
-            turns[c.TRAIN_CONTENT].to_numpy()[rows],  # calls train with the content
-            turns[c.TRAIN_END].to_numpy()[rows],
-            np.zeros(n, bool),
-            np.zeros(n, bool),
-        ],
-        axis=1,
-    )
+    flags = _piece_flags(turns, rows)
     # Conversation coordinates of each piece: the turn starts at POS (after its BOS, if any).
     bos_len = lengths[0]
     piece_pos = (turns[c.POS].to_numpy()[rows] - bos_len)[:, None] + np.cumsum(piece_len, axis=1) - piece_len
