@@ -8,7 +8,8 @@ import polars as pl
 import pyarrow as pa
 
 from etl.config.run_config import RunConfig
-from etl.pipeline.run import Resources, build_examples, build_resources, records_frame
+from etl.pipeline.build import build_examples, records_frame
+from etl.pipeline.resources import Resources, build_resources
 
 MESSAGE_FIELDS = [("role", pa.string()), ("content", pa.string())]
 OVERRIDES = [("train", pa.bool_()), ("weight", pa.float64())]

@@ -37,10 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flags(p, ("chunk_bytes", "max_record_bytes"))
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--timings", action="store_true",
-                   help="print wall seconds per stage (parse runs on a background thread, overlapping tokenize)")
+                   help="print wall seconds per stage (parse runs on a background thread, overlapping tokenize; "
+                   "startup: from the process's start to the first chunk's parse)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from etl.pipeline.startup import tune_malloc
+
+    tune_malloc()  # before the libraries allocate (and their threads take arenas)
     from etl.config.from_file import config_from_args
     from etl.pipeline.run import run as run_pipeline
 

@@ -143,7 +143,9 @@ def _json_objects(source: Source, fmt: str, chunk_bytes: int) -> Iterator[pa.Tab
     """
     import duckdb
 
-    con = duckdb.connect(config={"threads": 1})
+    from etl.formats.registry import connect
+
+    con = connect(threads=1)
     try:
         reader = con.sql(
             "select json::varchar as line from read_json_objects($path, format = $format, "
@@ -197,10 +199,11 @@ PARQUET_BATCH_ROWS = 1024  # at most this many rows converted at a time
 
 
 def _parquet_chunks(source: Source, chunk_bytes: int) -> Iterator[pa.Table]:
-    import duckdb
     import pyarrow.parquet as pq
 
-    con = duckdb.connect(config={"threads": 1})
+    from etl.formats.registry import connect
+
+    con = connect(threads=1)
     try:
         pf = pq.ParquetFile(source.path)
         meta = pf.metadata

@@ -14,11 +14,13 @@ from etl import __version__
 from etl import columns as c
 from etl.config.run_config import MaskOptions, RunConfig
 from etl.errors import EtlError
-from etl.formats.registry import BUILDERS, BuilderQuery, build_query
+from etl.formats.registry import BUILDERS, BuilderQuery, connect
 from etl.ingest.discover import Source
 from etl.pipeline.accounting import Counts
 from etl.pipeline.reasoning import ReasoningRender
-from etl.tokens.templates import TemplateIds, resolve_template
+from etl.pipeline.startup import builder_query_for
+from etl.tokens.loading import load_tokenizer
+from etl.tokens.templates import Template, TemplateIds, resolve_template
 from etl.tokens.tokenizer import TextTokenizer, encode_template_text
 
 
@@ -59,14 +61,8 @@ class Resources:
                                suffix=tuple(self.template.reasoning_suffix))
 
     def builder_query(self) -> BuilderQuery:
-        """The parse query of the run's input type over the template's roles (`text` is a role
-        only for text input, which has no chat turns)."""
-        cfg = self.config
-        roles = [r for r in self.template.header if r != "text" or cfg.input_type == "text"]
-        return build_query(
-            cfg.input_type, roles=roles, options=cfg.input_options, max_record_bytes=cfg.max_record_bytes,
-            template_tools=self.template.tools is not None,
-        )
+        """The parse query of the run's input type over the template's roles."""
+        return builder_query_for(self.config, self.template.template)
 
 
 def _extra_special(tokenizer: TextTokenizer, key: str, template_value: str) -> str:
@@ -83,15 +79,27 @@ def _extra_special(tokenizer: TextTokenizer, key: str, template_value: str) -> s
     return value
 
 
-def build_resources(config: RunConfig) -> Resources:
-    """Resolve tokenizer, template, BOS/EOS and the default system ids once per run."""
+def check_input_type(config: RunConfig) -> None:
     if config.input_type not in BUILDERS:
         raise EtlError(
             f"input type {config.input_type!r} is not one of {', '.join(sorted(BUILDERS))}"
         )
+
+
+def build_resources(
+    config: RunConfig, *, template: Template | None = None, con: duckdb.DuckDBPyConnection | None = None
+) -> Resources:
+    """Resolve tokenizer, template, BOS/EOS and the default system ids once per run.
+
+    `template`: the preset `config.template` names, when the caller resolved it already.
+    """
+    check_input_type(config)
     from etl.tokens.hf_template import load_template_and_tokenizer
 
-    template, tokenizer = load_template_and_tokenizer(config.template, tokenizer_spec=config.tokenizer)
+    if template is None:
+        template, tokenizer = load_template_and_tokenizer(config.template, tokenizer_spec=config.tokenizer)
+    else:
+        tokenizer = load_tokenizer(config.tokenizer, special_tokens=template.special_tokens)
     ids = resolve_template(template, tokenizer)
     bos, eos = list(ids.bos), list(ids.eos)
     if config.add_bos and not bos:
@@ -108,7 +116,7 @@ def build_resources(config: RunConfig) -> Resources:
         tokenizer=tokenizer,
         template=ids,
         system_ids=system_ids,
-        con=duckdb.connect(),
+        con=connect() if con is None else con,
         bos=bos,
         eos=eos,
     )

@@ -145,7 +145,7 @@ def _assemble(roles: Roles, probe: Probe, *, added: Sequence[AddedToken], notes:
                       notes="; ".join(notes), default_system=roles.default_system)
 
 
-def _preset(name: str) -> Template:
+def preset(name: str) -> Template:
     if name not in PRESETS:
         raise EtlError(f"unknown template {name!r}; choose one of: {', '.join(sorted([*PRESETS, HF]))}")
     return get_template(name)
@@ -159,7 +159,7 @@ def resolve_template_name(name: str, tokenizer: TextTokenizer) -> Template:
             its tokenizer.json, or a chat_template `hf` cannot express.
     """
     if name != HF:
-        return _preset(name)
+        return preset(name)
     path = getattr(tokenizer, "path", None)
     config = Path(path).with_name(CONFIG_FILE) if path else None
     if config is None or not config.is_file():
@@ -177,5 +177,5 @@ def load_template_and_tokenizer(name: str, *, tokenizer_spec: str) -> tuple[Temp
     if name == HF:
         tokenizer = load_tokenizer(tokenizer_spec)
         return resolve_template_name(name, tokenizer), tokenizer
-    template = _preset(name)
+    template = preset(name)
     return template, load_tokenizer(tokenizer_spec, special_tokens=template.special_tokens)

@@ -8,9 +8,7 @@ pipeline joins onto its per-turn rows.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from etl.errors import EtlError
 from etl.tokens.tokenizer import TextTokenizer, encode_template_text
@@ -22,6 +20,9 @@ from etl.tokens.tool_format import (
     form_pieces,
     resolve_tools,
 )
+
+if TYPE_CHECKING:
+    import polars as pl
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -172,6 +173,8 @@ class TemplateIds:
     def role_table(self) -> pl.DataFrame:
         """FORMS rows per role (row role_number * FORMS + form) with the header/end/separator ids
         of that form; every form of a role is its constant triple unless the tool format varies it."""
+        import polars as pl  # here, not at the top: `etl run` reads templates before Polars loads
+
         roles = sorted(self.header)
         rows = [form_pieces(self.tools, r, f, (self.header[r], self.end[r], self.sep[r]))
                 for r in roles for f in range(FORMS)]

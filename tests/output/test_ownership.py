@@ -140,14 +140,14 @@ def test_output_inside_the_input_folder_is_skipped_as_input(tmp_path: Path) -> N
 
 HELD_RUN = """
 import os, sys, time
-import etl.pipeline.run
-real = etl.pipeline.run.process_chunk
+import etl.pipeline.chunk
+real = etl.pipeline.chunk.process_chunk
 go = sys.argv.pop(1)
 def held(*args, **kwargs):  # mid-run (a part written, the lock held) until the test says go
     while not os.path.exists(go):
         time.sleep(0.01)
     return real(*args, **kwargs)
-etl.pipeline.run.process_chunk = held
+etl.pipeline.chunk.process_chunk = held
 from etl.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -173,15 +173,15 @@ def test_a_second_writer_is_refused_and_the_first_finishes_clean(tmp_path: Path,
 
 KILLED_RUN = """
 import os, signal, sys
-import etl.pipeline.run
-real = etl.pipeline.run.process_chunk
+import etl.pipeline.chunk
+real = etl.pipeline.chunk.process_chunk
 calls = []
 def die(*args, **kwargs):
     calls.append(1)
     if len(calls) == 3:
         os.kill(os.getpid(), signal.SIGKILL)
     return real(*args, **kwargs)
-etl.pipeline.run.process_chunk = die
+etl.pipeline.chunk.process_chunk = die
 from etl.cli import main
 sys.exit(main(sys.argv[1:]))
 """

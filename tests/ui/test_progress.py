@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import etl.pipeline.run
+import etl.pipeline.chunk
 from etl.cli import main
 from etl.ui.progress import Progress
 
@@ -16,7 +16,7 @@ def test_the_bar_counts_work_done(tmp_path: Path, monkeypatch) -> None:
     src = tmp_path / "chats.jsonl"
     src.write_text(line * 600)  # ~100 KB: ten chunks of 10 KB
     done, seen = [0], []
-    real_chunk, real_position = etl.pipeline.run.process_chunk, Progress.file_position
+    real_chunk, real_position = etl.pipeline.chunk.process_chunk, Progress.file_position
 
     def chunk(source, parsed, ctx) -> None:
         real_chunk(source, parsed, ctx)
@@ -26,7 +26,7 @@ def test_the_bar_counts_work_done(tmp_path: Path, monkeypatch) -> None:
         seen.append((offset, done[0] * len(line)))
         real_position(self, offset)
 
-    monkeypatch.setattr(etl.pipeline.run, "process_chunk", chunk)
+    monkeypatch.setattr(etl.pipeline.chunk, "process_chunk", chunk)
     monkeypatch.setattr(Progress, "file_position", position)
     assert main(["run", str(src), str(tmp_path / "out"), "--quiet", "--chunk-mb", "0.01"]) == 0
     per_chunk = [(offset, processed) for offset, processed in seen if processed < len(line) * 600]
