@@ -20,7 +20,7 @@ _EXPORTS = {
     "EpochSampler": "samplers",
     "RandomSampler": "samplers",
     "SAMPLERS": "samplers",
-    "epoch_order": "samplers",
+    "epoch_order": "orders",
     "COLLATE_FNS": "collate",
     "collate": "collate",
     "collate_fixed": "collate",

@@ -17,8 +17,9 @@ import pyarrow as pa
 from etl.columns import ID
 from etl.errors import EtlError, EtlWarning
 from etl.loader.dataset import ParquetDataset
+from etl.loader.orders import epoch_order, split_for_rank
 from etl.loader.pack_request import PackRequest
-from etl.loader.samplers import _BatchSampler, epoch_order, split_for_rank
+from etl.loader.samplers import _BatchSampler
 from etl.output.parts import open_part
 from etl.packing.index import SPLITTING, PackIndex, stream_turns
 from etl.packing.index_io import read_pack_index
