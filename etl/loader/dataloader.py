@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from etl.errors import EtlError, EtlWarning
+from etl.loader.balance import TokenBalance, token_balance
 from etl.loader.collate import COLLATE_FNS, Truncation, resolve_eos_id, resolve_pad_id
 from etl.loader.dataset import ParquetDataset
 from etl.loader.device import TorchCollate, resolve_device, to_device
@@ -117,6 +118,11 @@ class ParquetLoader:
         mask_boundary_loss: packed: no label predicts the next document's first token (seed 003).
         train_on_eos: packed: False sets every label equal to ``eos_id`` to -100 (seed 003).
         eos_id: default the manifest's last ``eos_ids``, else its ``eot_id``.
+        balance_tokens: deal every step's B x world_size rows (or packs) to ranks so that each
+            rank gets B of them and nearly the same real tokens (`etl.loader.balance`); True is
+            ``swap``, or name a key of ``BALANCERS``. Off by default: rank r takes every W-th row.
+        balance_window: steps whose rows are regrouped before dealing; 1 keeps each step's rows
+            as drawn (small B on a heavy tail cannot balance then; README "Token-balanced ranks").
     """
 
     def __init__(
@@ -152,6 +158,8 @@ class ParquetLoader:
         mask_boundary_loss: bool = True,
         train_on_eos: bool = True,
         eos_id: int | None = None,
+        balance_tokens: bool | str = False,
+        balance_window: int = 1,
     ):
         _check_choice("sampler", sampler, sorted(SAMPLERS))
         _check_choice("collate", collate, sorted(COLLATE_FNS))
@@ -167,7 +175,8 @@ class ParquetLoader:
         self.pad_id = resolve_pad_id(pad_id, manifest)
         self.rank, self.world_size = _rank_world(rank, world_size)
         self.device = resolve_device(device)
-        common = {"batch_size": batch_size, "seed": seed, "shuffle": shuffle, "drop_last": drop_last}
+        common = {"batch_size": batch_size, "seed": seed, "shuffle": shuffle, "drop_last": drop_last,
+                  "balance": token_balance(balance_tokens, balance_window)}
         if packing is None:
             self.sampler = self._make_sampler(sampler, window=window, num_batches=num_batches,
                                               num_workers=num_workers, **common)
@@ -245,9 +254,12 @@ class ParquetLoader:
         window: int,
         num_batches: int | None,
         num_workers: int,
+        balance: TokenBalance | None,
     ) -> EpochSampler | RandomSampler:
-        common = {"batch_size": batch_size, "seed": seed, "rank": self.rank}
+        common = {"batch_size": batch_size, "seed": seed, "rank": self.rank, "balance": balance}
         common["world_size"] = self.world_size
+        if balance is not None:  # a row's real tokens: it is cut to S
+            common["costs"] = np.minimum(self.dataset.example_lengths(), self.seq_len)
         if kind == "random":
             return RandomSampler(len(self.dataset), num_batches=num_batches, **common)
         return EpochSampler(

@@ -68,7 +68,7 @@ def random_rows(
     epoch: int,
     num_batches: int,
     batch_size: int,
-    rank: int = 0,
+    rank: int | None = 0,
     world_size: int = 1,
 ) -> np.ndarray:
     """Uniform draws with replacement for one "epoch" of ``num_batches`` batches on one rank.
@@ -77,11 +77,12 @@ def random_rows(
     keep their own column, so ranks differ and a rank's draws do not depend on world order.
 
     Returns:
-        (num_batches, batch_size) int64 row ids.
+        (num_batches, batch_size) int64 row ids; rank None: every rank's draws, step by step,
+        (num_batches, world_size * batch_size).
     """
     rng = np.random.default_rng(seed + epoch)
     draws = rng.integers(0, num_rows, size=(num_batches, world_size, batch_size), dtype=np.int64)
-    return draws[:, rank]
+    return draws.reshape(num_batches, -1) if rank is None else draws[:, rank]
 
 
 def split_for_rank(

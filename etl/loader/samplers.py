@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from etl.errors import EtlError
+from etl.loader.balance import TokenBalance
 from etl.loader.orders import epoch_order, interleave_for_workers, random_rows, split_for_rank
 
 # Re-exported: the samplers' orders lived here before `etl.loader.orders`.
@@ -22,19 +23,35 @@ __all__ = ["SAMPLERS", "EpochSampler", "RandomSampler", "epoch_order", "interlea
 
 
 class _BatchSampler(abc.ABC):
-    """Shared state machine: current epoch, batches delivered in it, and resume."""
+    """Shared state machine: current epoch, batches delivered in it, and resume.
+
+    ``balance`` deals every step's rows to ranks by their tokens, ``costs`` (num_rows,) (a
+    `etl.loader.balance.TokenBalance`; None: rank r takes every W-th row).
+    """
 
     kind = "base"
 
-    def __init__(self, num_rows: int, *, batch_size: int, seed: int, rank: int, world_size: int):
+    def __init__(
+        self,
+        num_rows: int,
+        *,
+        batch_size: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+        balance: TokenBalance | None = None,
+        costs: np.ndarray | None = None,
+    ):
         if batch_size < 1:
             raise EtlError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world_size:
             raise EtlError(f"rank {rank} is outside world_size {world_size}")
         if num_rows < 1:
             raise EtlError("the split has no rows; check the split name and min_tokens")
+        if costs is not None and len(costs) != num_rows:
+            raise EtlError(f"costs must give the tokens of every row ({num_rows}), got {len(costs)}")
         self.num_rows, self.batch_size, self.seed = num_rows, batch_size, seed
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.balance, self.costs = rank, world_size, balance, costs
         self.epoch, self.position = 0, 0
         self._cache: tuple[int, list[np.ndarray]] | None = None
 
@@ -75,7 +92,20 @@ class _BatchSampler(abc.ABC):
             "batch_size": self.batch_size,
             "seed": self.seed,
             "world_size": self.world_size,
+            # None when off, so the states of earlier versions (no such key) still load.
+            "balance_tokens": None if self.balance is None else self.balance.fingerprint(),
         }
+
+    def _split(self, order: np.ndarray, *, drop_last: bool, costs: np.ndarray | None = None) -> list[np.ndarray]:
+        """This rank's batches of ``order``: `split_for_rank`, or dealt by tokens (``costs`` of
+        every id in ``order``, default ``self.costs``) when balancing."""
+        common = {"batch_size": self.batch_size, "drop_last": drop_last, "rank": self.rank}
+        costs = self.costs if costs is None else costs
+        if self.balance is None:
+            return split_for_rank(order, world_size=self.world_size, **common)
+        if costs is None:
+            raise EtlError("token balancing needs the tokens of every row: pass costs=")
+        return self.balance.split(order, costs, world_size=self.world_size, **common)
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch and batches delivered so far, plus the settings a resume must match."""
@@ -109,6 +139,8 @@ class EpochSampler(_BatchSampler):
         mix: blocks per shuffling window.
         rank: this process's rank; world_size: number of ranks.
         num_workers: DataLoader workers, for `interleave_for_workers` (0 or 1: off).
+        balance: deal every step's rows to ranks by tokens (`etl.loader.balance`); None: by
+            position. costs: (num_rows,) real tokens of every row, needed with ``balance``.
     """
 
     kind = "epoch"
@@ -126,9 +158,12 @@ class EpochSampler(_BatchSampler):
         rank: int = 0,
         world_size: int = 1,
         num_workers: int = 0,
+        balance: TokenBalance | None = None,
+        costs: np.ndarray | None = None,
     ):
         super().__init__(
-            num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size
+            num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
+            balance=balance, costs=costs,
         )
         self.shuffle, self.drop_last, self.blocks, self.mix = shuffle, drop_last, blocks, mix
         self.num_workers = num_workers
@@ -156,13 +191,7 @@ class EpochSampler(_BatchSampler):
             blocks=self.blocks,
             mix=self.mix,
         )
-        batches = split_for_rank(
-            order,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
+        batches = self._split(order, drop_last=self.drop_last)
         return [batches[i] for i in interleave_for_workers(len(batches), self.num_workers)]
 
 
@@ -175,6 +204,7 @@ class RandomSampler(_BatchSampler):
         seed: base seed (the epoch's draws use ``seed + epoch``).
         num_batches: batches per epoch.
         rank: this process's rank; world_size: number of ranks.
+        balance, costs: token balancing, as in `EpochSampler` (a step's draws, dealt by tokens).
     """
 
     kind = "random"
@@ -188,9 +218,12 @@ class RandomSampler(_BatchSampler):
         num_batches: int | None = None,
         rank: int = 0,
         world_size: int = 1,
+        balance: TokenBalance | None = None,
+        costs: np.ndarray | None = None,
     ):
         super().__init__(
-            num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size
+            num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
+            balance=balance, costs=costs,
         )
         self.num_batches = num_batches or max(1, num_rows // (batch_size * world_size))
 
@@ -204,10 +237,10 @@ class RandomSampler(_BatchSampler):
             epoch=epoch,
             num_batches=self.num_batches,
             batch_size=self.batch_size,
-            rank=self.rank,
+            rank=None if self.balance else self.rank,
             world_size=self.world_size,
         )
-        return list(draws)
+        return self._split(draws.ravel(), drop_last=True) if self.balance else list(draws)
 
 
 SAMPLERS: dict[str, type[_BatchSampler]] = {"epoch": EpochSampler, "random": RandomSampler}
