@@ -31,6 +31,8 @@ _EXPORTS = {
     "document_block_mask": "attention",
     "document_sdpa_mask": "attention",
     "PackSampler": "pack_sampler",
+    "TokenBalance": "balance",
+    "BALANCERS": "balance",
     "Ragged": "etl.ragged",  # lives at the top: output/ uses it too
     "TorchCollate": "device",
     "EpisodeDataLoader": "episode_loader",
