@@ -20,7 +20,7 @@ _EXPORTS = {
     "EpochSampler": "samplers",
     "RandomSampler": "samplers",
     "SAMPLERS": "samplers",
-    "epoch_order": "samplers",
+    "epoch_order": "orders",
     "COLLATE_FNS": "collate",
     "collate": "collate",
     "collate_fixed": "collate",
@@ -31,6 +31,8 @@ _EXPORTS = {
     "document_block_mask": "attention",
     "document_sdpa_mask": "attention",
     "PackSampler": "pack_sampler",
+    "TokenBalance": "balance",
+    "BALANCERS": "balance",
     "Ragged": "etl.ragged",  # lives at the top: output/ uses it too
     "TorchCollate": "device",
     "EpisodeDataLoader": "episode_loader",

@@ -13,64 +13,17 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from etl.errors import EtlError, EtlWarning
+from etl.loader.balance import TokenBalance, token_balance
 from etl.loader.collate import COLLATE_FNS, Truncation, resolve_eos_id, resolve_pad_id
 from etl.loader.dataset import ParquetDataset
 from etl.loader.device import TorchCollate, resolve_device, to_device
+from etl.loader.options import check_choice, rank_world, resolve_seq_len
 from etl.loader.pack_sampler import make_pack_sampler
 from etl.loader.samplers import SAMPLERS, EpochSampler, RandomSampler
 from etl.packing.index import SPLITTING
-
-
-def _seq_len_error(given: int | None, run_seq_len: int | None) -> str:
-    """What is wrong with seq_len and the values it takes (the run's S when there is one)."""
-    what = (
-        "seq_len is S, the tokens per example before the shift (x and y hold T = S - 1), "
-        "so it must be an integer of 2 or more"
-    )
-    if given is None:
-        return f"the output's manifest has no seq_len; pass seq_len=S: {what}"
-    fix = f"; leave it out to use the S of `etl run` ({run_seq_len})" if run_seq_len else ""
-    return f"seq_len={given} is too small: {what}{fix}"
-
-
-def _resolve_seq_len(given: int | None, run_seq_len: int | None, truncation: str, *, splits: bool = False) -> int:
-    """S: `given`, else the run's; an S below the run's is allowed, with a warning unless a
-    packer splits long examples across rows (`splits`: sequential, stream) instead of cutting.
-
-    Raises:
-        EtlError: S below 2 (one token makes no (x, y) pair at all).
-    """
-    resolved = int(run_seq_len or 0) if given is None else int(given)
-    if resolved < 2:
-        raise EtlError(_seq_len_error(given, run_seq_len))
-    if run_seq_len and resolved < int(run_seq_len) and not splits:
-        # etl run truncated whole turns to its S; cutting again here is token-level and can
-        # leave rows with nothing trained (an all -100 batch makes cross-entropy NaN).
-        warnings.warn(
-            f"seq_len={resolved} is below the S={run_seq_len} that `etl run` "
-            f"used; rows are cut token-wise ({truncation}). Rerun `etl run --seq-len "
-            f"{resolved}` to truncate by whole turns instead.",
-            stacklevel=3,  # the caller of ParquetLoader(...), through __init__
-        )
-    return resolved
-
-
-def _check_choice(name: str, value: str, choices: list[str]) -> None:
-    if value not in choices:
-        raise EtlError(f"unknown {name} {value!r}; choose one of {choices}")
-
-
-def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit values, else the initialized process group, else a single process."""
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return rank or 0, world_size or 1
 
 
 class ParquetLoader:
@@ -117,6 +70,11 @@ class ParquetLoader:
         mask_boundary_loss: packed: no label predicts the next document's first token (seed 003).
         train_on_eos: packed: False sets every label equal to ``eos_id`` to -100 (seed 003).
         eos_id: default the manifest's last ``eos_ids``, else its ``eot_id``.
+        balance_tokens: deal every step's B x world_size rows (or packs) to ranks so that each
+            rank gets B of them and nearly the same real tokens (`etl.loader.balance`); True is
+            ``swap``, or name a key of ``BALANCERS``. Off by default: rank r takes every W-th row.
+        balance_window: steps whose rows are regrouped before dealing; 1 keeps each step's rows
+            as drawn (small B on a heavy tail cannot balance then; README "Token-balanced ranks").
     """
 
     def __init__(
@@ -152,22 +110,25 @@ class ParquetLoader:
         mask_boundary_loss: bool = True,
         train_on_eos: bool = True,
         eos_id: int | None = None,
+        balance_tokens: bool | str = False,
+        balance_window: int = 1,
     ):
-        _check_choice("sampler", sampler, sorted(SAMPLERS))
-        _check_choice("collate", collate, sorted(COLLATE_FNS))
-        _check_choice("mask_dtype", mask_dtype, ["bool", "float32"])
+        check_choice("sampler", sampler, sorted(SAMPLERS))
+        check_choice("collate", collate, sorted(COLLATE_FNS))
+        check_choice("mask_dtype", mask_dtype, ["bool", "float32"])
         window = shuffle_window or 0
         self.dataset = ParquetDataset(
             dst, split=split, min_tokens=min_tokens, weights=weights,
             cache_row_groups=max(cache_row_groups, window), cache_mb=cache_mb,
         )
         manifest = self.dataset.manifest
-        self.seq_len = _resolve_seq_len(seq_len, manifest.get("seq_len"), truncation,
+        self.seq_len = resolve_seq_len(seq_len, manifest.get("seq_len"), truncation,
                                         splits=packing in SPLITTING)
         self.pad_id = resolve_pad_id(pad_id, manifest)
-        self.rank, self.world_size = _rank_world(rank, world_size)
+        self.rank, self.world_size = rank_world(rank, world_size)
         self.device = resolve_device(device)
-        common = {"batch_size": batch_size, "seed": seed, "shuffle": shuffle, "drop_last": drop_last}
+        common = {"batch_size": batch_size, "seed": seed, "shuffle": shuffle, "drop_last": drop_last,
+                  "balance": token_balance(balance_tokens, balance_window)}
         if packing is None:
             self.sampler = self._make_sampler(sampler, window=window, num_batches=num_batches,
                                               num_workers=num_workers, **common)
@@ -204,7 +165,7 @@ class ParquetLoader:
         **common: Any,
     ) -> None:
         """Sampler of packs (`make_pack_sampler`) and the packed collate with this loader's S."""
-        _check_choice("target", collate_options["target"], ["labels", "y"])
+        check_choice("target", collate_options["target"], ["labels", "y"])
         self.sampler = make_pack_sampler(
             self.dataset, strategy=strategy, seq_len=self.seq_len, options=pack_options,
             blocks=self.dataset.row_groups if window and common["shuffle"] else 0, mix=max(window, 1),
@@ -245,9 +206,12 @@ class ParquetLoader:
         window: int,
         num_batches: int | None,
         num_workers: int,
+        balance: TokenBalance | None,
     ) -> EpochSampler | RandomSampler:
-        common = {"batch_size": batch_size, "seed": seed, "rank": self.rank}
+        common = {"batch_size": batch_size, "seed": seed, "rank": self.rank, "balance": balance}
         common["world_size"] = self.world_size
+        if balance is not None:  # a row's real tokens: it is cut to S
+            common["costs"] = np.minimum(self.dataset.example_lengths(), self.seq_len)
         if kind == "random":
             return RandomSampler(len(self.dataset), num_batches=num_batches, **common)
         return EpochSampler(

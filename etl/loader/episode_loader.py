@@ -21,7 +21,7 @@ from etl.errors import EtlError
 from etl.loader.collate import collate_fixed
 from etl.loader.device import resolve_device, to_device, to_torch
 from etl.loader.episodes import EpisodeSplit, open_split
-from etl.loader.samplers import epoch_order, random_rows
+from etl.loader.orders import epoch_order, random_rows
 from etl.loader.training_xml import TrainingConfig
 from etl.output.storage import read_meta
 from etl.ragged import Ragged

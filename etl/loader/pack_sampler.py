@@ -16,9 +16,11 @@ import pyarrow as pa
 
 from etl.columns import ID
 from etl.errors import EtlError, EtlWarning
+from etl.loader.balance import TokenBalance
 from etl.loader.dataset import ParquetDataset
+from etl.loader.orders import epoch_order
 from etl.loader.pack_request import PackRequest
-from etl.loader.samplers import _BatchSampler, epoch_order, split_for_rank
+from etl.loader.samplers import _BatchSampler
 from etl.output.parts import open_part
 from etl.packing.index import SPLITTING, PackIndex, stream_turns
 from etl.packing.index_io import read_pack_index
@@ -86,6 +88,8 @@ class PackSampler(_BatchSampler):
         truncation: which end of an example longer than S a whole-example packer keeps.
         options: packer keywords (``buffer_docs``, ``max_docs_per_bin``).
         rank, world_size: this process among the training ranks.
+        balance: deal every step's packs to ranks by their real tokens (`etl.loader.balance`):
+            the short packs an epoch ends with do not all land on one rank.
     """
 
     kind = "pack"
@@ -109,8 +113,10 @@ class PackSampler(_BatchSampler):
         turns: TurnSpans | None = None,
         rank: int = 0,
         world_size: int = 1,
+        balance: TokenBalance | None = None,
     ):
-        super().__init__(len(lengths), batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
+        super().__init__(len(lengths), batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
+                         balance=balance)
         self.lengths, self.doc_rows, self.index = lengths, doc_rows, index
         self.strategy, self.seq_len, self.options = strategy, seq_len, dict(options or {})
         self.shuffle, self.drop_last, self.blocks, self.mix = shuffle, drop_last, blocks, mix
@@ -138,7 +144,8 @@ class PackSampler(_BatchSampler):
         return self._packing[1]
 
     def _batches(self, epoch: int) -> list[np.ndarray]:
-        num_packs = self.packing(epoch).num_packs
+        packing = self.packing(epoch)
+        num_packs = packing.num_packs
         if self.drop_last and num_packs < self.batch_size * self.world_size:
             raise EtlError(
                 f"{num_packs} packs cannot fill one batch of {self.batch_size} on {self.world_size} "
@@ -147,8 +154,8 @@ class PackSampler(_BatchSampler):
         order = np.arange(num_packs, dtype=np.int64)
         if self.shuffle:  # its own stream: the example shuffle already drew from seed + epoch
             order = np.random.default_rng((self.seed + epoch, 1)).permutation(num_packs)
-        return split_for_rank(order, batch_size=self.batch_size, drop_last=self.drop_last,
-                              rank=self.rank, world_size=self.world_size)
+        costs = packing.pack_tokens() if self.balance else None
+        return self._split(order, drop_last=self.drop_last, costs=costs)
 
     def _deliver(self, epoch: int, batch: np.ndarray) -> PackRequest:
         doc_rows = None if self.index is not None else self.doc_rows  # an index holds global rows

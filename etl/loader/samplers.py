@@ -1,8 +1,8 @@
 """Deterministic, resumable batch samplers: epoch permutations and uniform draws with replacement.
 
-Every order is a pure function of (seed + epoch, rank, world_size): resuming is recomputing the
-epoch and skipping the batches already delivered. Used as a DataLoader ``batch_sampler`` and by
-the seed-002 episode loader.
+Every order (`etl.loader.orders`) is a pure function of (seed + epoch, rank, world_size):
+resuming is recomputing the epoch and skipping the batches already delivered. Used as a
+DataLoader ``batch_sampler``.
 """
 
 from __future__ import annotations
@@ -14,135 +14,44 @@ from typing import Any
 import numpy as np
 
 from etl.errors import EtlError
+from etl.loader.balance import TokenBalance
+from etl.loader.orders import epoch_order, interleave_for_workers, random_rows, split_for_rank
 
-
-def epoch_order(
-    num_rows: int,
-    *,
-    seed: int,
-    epoch: int,
-    shuffle: bool = True,
-    blocks: int | np.ndarray = 0,
-    mix: int = 1,
-) -> np.ndarray:
-    """The order of rows in one epoch: a permutation seeded by ``seed + epoch`` (seed 002).
-
-    Block shuffling (``blocks`` != 0) trades randomness for locality: rows are grouped into blocks
-    (ideally one per Parquet row group), the block order is permuted, and rows are shuffled inside
-    windows of ``mix`` consecutive blocks of that order. A batch then touches at most ``mix`` row
-    groups, so a row-group cache of ``mix`` entries reads each group about once per epoch, instead
-    of up to B groups per batch under a full shuffle (~10 ms per 1M tokens each). The price: the
-    rows of one batch come from ``mix`` random row groups, not from the whole split, so keep
-    ``mix`` high enough that a window holds many sources.
-
-    Args:
-        num_rows: rows in the split (N).
-        seed: base seed; the generator is seeded with ``seed + epoch``.
-        epoch: epoch number (0-based).
-        shuffle: False gives ``0..N-1`` in order.
-        blocks: 0 for a full shuffle; an int b for blocks of b consecutive rows; or an (N,) array
-            with the block label of every row (e.g. its row group).
-        mix: blocks per shuffling window.
-
-    Returns:
-        (N,) int64 permutation of ``0..N-1``.
-    """
-    if not shuffle:
-        return np.arange(num_rows, dtype=np.int64)
-    rng = np.random.default_rng(seed + epoch)
-    if isinstance(blocks, (int, np.integer)):
-        if blocks <= 0:
-            return rng.permutation(num_rows).astype(np.int64, copy=False)
-        labels = np.arange(num_rows, dtype=np.int64) // int(blocks)
-    else:
-        labels = np.asarray(blocks)
-        if labels.shape != (num_rows,):
-            raise EtlError(f"blocks must have one label per row ({num_rows}), got {labels.shape}")
-    if mix < 1:
-        raise EtlError(f"mix must be >= 1 block per window, got {mix}")
-    _, dense = np.unique(labels, return_inverse=True)
-    block_rank = rng.permutation(int(dense.max(initial=-1)) + 1)
-    window = block_rank[dense] // mix
-    return np.lexsort((rng.random(num_rows), window)).astype(np.int64, copy=False)
-
-
-def random_rows(
-    num_rows: int,
-    *,
-    seed: int,
-    epoch: int,
-    num_batches: int,
-    batch_size: int,
-    rank: int = 0,
-    world_size: int = 1,
-) -> np.ndarray:
-    """Uniform draws with replacement for one "epoch" of ``num_batches`` batches on one rank.
-
-    All ranks draw the same (num_batches, world_size, batch_size) block from ``seed + epoch`` and
-    keep their own column, so ranks differ and a rank's draws do not depend on world order.
-
-    Returns:
-        (num_batches, batch_size) int64 row ids.
-    """
-    rng = np.random.default_rng(seed + epoch)
-    draws = rng.integers(0, num_rows, size=(num_batches, world_size, batch_size), dtype=np.int64)
-    return draws[:, rank]
-
-
-def split_for_rank(
-    order: np.ndarray, *, batch_size: int, drop_last: bool, rank: int, world_size: int
-) -> list[np.ndarray]:
-    """This rank's batches of an epoch order, with the same batch count on every rank.
-
-    Rank r takes every ``world_size``-th row, so global batch j is ``order[j*B*W:(j+1)*B*W]``
-    and block locality survives. ``drop_last`` drops the tail that does not fill a batch on every
-    rank; otherwise the order is padded by wrapping around (fewer than ``world_size`` rows repeat,
-    none when N is a multiple of ``world_size``) and the last batch may be short.
-    """
-    n, per_global = len(order), batch_size * world_size
-    if drop_last:
-        order = order[: n // per_global * per_global]
-    else:
-        padded = -(-n // world_size) * world_size
-        order = np.concatenate([order, order[: padded - n]]) if padded > n else order
-    mine = order[rank::world_size]
-    return np.split(mine, np.arange(batch_size, len(mine), batch_size))
-
-
-def interleave_for_workers(num_batches: int, num_workers: int) -> np.ndarray:
-    """Batch order that gives each DataLoader worker a contiguous stretch of the epoch.
-
-    DataLoader hands batch k to worker ``k % num_workers``. Splitting the epoch into
-    ``num_workers`` contiguous chunks and interleaving them round-robin means worker w reads
-    chunk w front to back, so its row-group cache sees block locality (without this, both workers
-    would read every row group). The order still covers every batch exactly once.
-    """
-    if num_workers <= 1:
-        return np.arange(num_batches, dtype=np.int64)
-    chunk = np.concatenate(
-        [
-            np.full(len(c), i)
-            for i, c in enumerate(np.array_split(np.arange(num_batches), num_workers))
-        ]
-    )
-    within = np.arange(num_batches) - np.searchsorted(chunk, chunk)
-    return np.lexsort((chunk, within)).astype(np.int64, copy=False)
+# Re-exported: the samplers' orders lived here before `etl.loader.orders`.
+__all__ = ["SAMPLERS", "EpochSampler", "RandomSampler", "epoch_order", "interleave_for_workers",
+           "random_rows", "split_for_rank"]
 
 
 class _BatchSampler(abc.ABC):
-    """Shared state machine: current epoch, batches delivered in it, and resume."""
+    """Shared state machine: current epoch, batches delivered in it, and resume.
+
+    ``balance`` deals every step's rows to ranks by their tokens, ``costs`` (num_rows,) (a
+    `etl.loader.balance.TokenBalance`; None: rank r takes every W-th row).
+    """
 
     kind = "base"
 
-    def __init__(self, num_rows: int, *, batch_size: int, seed: int, rank: int, world_size: int):
+    def __init__(
+        self,
+        num_rows: int,
+        *,
+        batch_size: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+        balance: TokenBalance | None = None,
+        costs: np.ndarray | None = None,
+    ):
         if batch_size < 1:
             raise EtlError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world_size:
             raise EtlError(f"rank {rank} is outside world_size {world_size}")
         if num_rows < 1:
             raise EtlError("the split has no rows; check the split name and min_tokens")
+        if costs is not None and len(costs) != num_rows:
+            raise EtlError(f"costs must give the tokens of every row ({num_rows}), got {len(costs)}")
         self.num_rows, self.batch_size, self.seed = num_rows, batch_size, seed
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.balance, self.costs = rank, world_size, balance, costs
         self.epoch, self.position = 0, 0
         self._cache: tuple[int, list[np.ndarray]] | None = None
 
@@ -183,7 +92,20 @@ class _BatchSampler(abc.ABC):
             "batch_size": self.batch_size,
             "seed": self.seed,
             "world_size": self.world_size,
+            # None when off, so the states of earlier versions (no such key) still load.
+            "balance_tokens": None if self.balance is None else self.balance.fingerprint(),
         }
+
+    def _split(self, order: np.ndarray, *, drop_last: bool, costs: np.ndarray | None = None) -> list[np.ndarray]:
+        """This rank's batches of ``order``: `split_for_rank`, or dealt by tokens (``costs`` of
+        every id in ``order``, default ``self.costs``) when balancing."""
+        common = {"batch_size": self.batch_size, "drop_last": drop_last, "rank": self.rank}
+        costs = self.costs if costs is None else costs
+        if self.balance is None:
+            return split_for_rank(order, world_size=self.world_size, **common)
+        if costs is None:
+            raise EtlError("token balancing needs the tokens of every row: pass costs=")
+        return self.balance.split(order, costs, world_size=self.world_size, **common)
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch and batches delivered so far, plus the settings a resume must match."""
@@ -217,6 +139,8 @@ class EpochSampler(_BatchSampler):
         mix: blocks per shuffling window.
         rank: this process's rank; world_size: number of ranks.
         num_workers: DataLoader workers, for `interleave_for_workers` (0 or 1: off).
+        balance: deal every step's rows to ranks by tokens (`etl.loader.balance`); None: by
+            position. costs: (num_rows,) real tokens of every row, needed with ``balance``.
     """
 
     kind = "epoch"
@@ -234,9 +158,12 @@ class EpochSampler(_BatchSampler):
         rank: int = 0,
         world_size: int = 1,
         num_workers: int = 0,
+        balance: TokenBalance | None = None,
+        costs: np.ndarray | None = None,
     ):
         super().__init__(
-            num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size
+            num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
+            balance=balance, costs=costs,
         )
         self.shuffle, self.drop_last, self.blocks, self.mix = shuffle, drop_last, blocks, mix
         self.num_workers = num_workers
@@ -264,13 +191,7 @@ class EpochSampler(_BatchSampler):
             blocks=self.blocks,
             mix=self.mix,
         )
-        batches = split_for_rank(
-            order,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
+        batches = self._split(order, drop_last=self.drop_last)
         return [batches[i] for i in interleave_for_workers(len(batches), self.num_workers)]
 
 
@@ -283,6 +204,7 @@ class RandomSampler(_BatchSampler):
         seed: base seed (the epoch's draws use ``seed + epoch``).
         num_batches: batches per epoch.
         rank: this process's rank; world_size: number of ranks.
+        balance, costs: token balancing, as in `EpochSampler` (a step's draws, dealt by tokens).
     """
 
     kind = "random"
@@ -296,9 +218,12 @@ class RandomSampler(_BatchSampler):
         num_batches: int | None = None,
         rank: int = 0,
         world_size: int = 1,
+        balance: TokenBalance | None = None,
+        costs: np.ndarray | None = None,
     ):
         super().__init__(
-            num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size
+            num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
+            balance=balance, costs=costs,
         )
         self.num_batches = num_batches or max(1, num_rows // (batch_size * world_size))
 
@@ -312,10 +237,10 @@ class RandomSampler(_BatchSampler):
             epoch=epoch,
             num_batches=self.num_batches,
             batch_size=self.batch_size,
-            rank=self.rank,
+            rank=None if self.balance else self.rank,
             world_size=self.world_size,
         )
-        return list(draws)
+        return self._split(draws.ravel(), drop_last=True) if self.balance else list(draws)
 
 
 SAMPLERS: dict[str, type[_BatchSampler]] = {"epoch": EpochSampler, "random": RandomSampler}
