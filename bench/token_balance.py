@@ -39,7 +39,7 @@ CONFIGS: list[tuple[str, int | None, dict[str, Any]]] = [
     (mode, window, {**extra, **balance})
     for mode, extra in (("padded", {}), ("packed bfd", {"packing": "bfd"}))
     for window in ((8, None) if mode == "padded" else (8,))
-    for balance in ({}, {"balance_tokens": True}, {"balance_tokens": True, "balance_window": 8})
+    for balance in ({}, {"balance_tokens": True, "balance_window": 1}, {"balance_tokens": True})
 ]
 
 
@@ -93,7 +93,7 @@ def results(
         loads, step_items, seconds = rank_tokens(dst, world_size=world_size, batch_size=batch_size,
                                                  seed=seed, shuffle_window=shuffle_window, **options)
         ratio = imbalance(loads)
-        balance = "off" if "balance_tokens" not in options else f"on, window {options.get('balance_window', 1)}"
+        balance = "off" if "balance_tokens" not in options else f"on, window {options.get('balance_window', 8)}"
         rows.append({
             "mode": mode, "shuffle": "full" if shuffle_window is None else f"blocks of {shuffle_window} row groups",
             "balance": balance, "B": batch_size, "W": world_size, "steps": len(ratio),

@@ -73,8 +73,9 @@ class ParquetLoader:
         balance_tokens: deal every step's B x world_size rows (or packs) to ranks so that each
             rank gets B of them and nearly the same real tokens (`etl.loader.balance`); True is
             ``swap``, or name a key of ``BALANCERS``. Off by default: rank r takes every W-th row.
-        balance_window: steps whose rows are regrouped before dealing; 1 keeps each step's rows
-            as drawn (small B on a heavy tail cannot balance then; README "Token-balanced ranks").
+        balance_window: steps whose rows are regrouped before dealing (default 8); 1 keeps each
+            step's rows as drawn (small B on a heavy tail cannot balance then; README
+            "Token-balanced ranks").
     """
 
     def __init__(
@@ -111,7 +112,7 @@ class ParquetLoader:
         train_on_eos: bool = True,
         eos_id: int | None = None,
         balance_tokens: bool | str = False,
-        balance_window: int = 1,
+        balance_window: int | None = None,
     ):
         check_choice("sampler", sampler, sorted(SAMPLERS))
         check_choice("collate", collate, sorted(COLLATE_FNS))

@@ -40,10 +40,9 @@ def test_starts_before_the_first_next_and_stays_one_ahead():
 
 def test_a_producer_error_reaches_the_consumer_after_the_items_before_it():
     made: list[int] = []
-    got = []
+    got: list[int] = []
     with pytest.raises(ValueError, match="bad item 3"), Prefetch(_counting(10, made, fail_at=3)) as items:
-        for item in items:
-            got.append(item)
+        got.extend(items)
     assert got == [0, 1, 2]
 
 

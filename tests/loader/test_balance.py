@@ -113,7 +113,7 @@ def test_balance_beats_plain_on_a_skewed_distribution() -> None:
     steps = len(costs) // 64
     plain = costs[order[: steps * 64]].reshape(steps, 8, 8)  # (step, b, rank): r takes every 8th
     before = imbalance(plain.sum(axis=1))
-    per_step, _ = TokenBalance("swap").deal(order, costs, **args)
+    per_step, _ = TokenBalance("swap", window=1).deal(order, costs, **args)
     after = imbalance(costs[per_step].sum(axis=2))
     assert after.mean() < 1.2 and before.mean() > 2
     assert np.percentile(after, 90) < np.percentile(before, 10)
@@ -133,7 +133,7 @@ def test_floor_says_when_a_step_cannot_be_balanced() -> None:
 
 def test_token_balance_options_and_errors() -> None:
     assert token_balance(False) is None and token_balance(None) is None
-    assert token_balance(True) == TokenBalance("swap", 1)
+    assert token_balance(True) == TokenBalance("swap", 8)
     assert token_balance("snake", 4).fingerprint() == {"strategy": "snake", "window": 4}
     with pytest.raises(EtlError, match="choose one of"):
         token_balance("lpt")
@@ -152,7 +152,7 @@ def test_epoch_sampler_ranks_agree_and_balance(num_workers: int) -> None:
     costs = skewed(400, seed=3)
     common = {"num_rows": 400, "batch_size": 4, "seed": 7, "num_workers": num_workers}
     plain = rank_batches(EpochSampler, 4, **common)
-    dealt = rank_batches(EpochSampler, 4, balance=TokenBalance(), costs=costs, **common)
+    dealt = rank_batches(EpochSampler, 4, balance=TokenBalance(window=1), costs=costs, **common)
     for step in range(len(plain[0])):  # worker interleave keeps ranks on the same step
         assert sorted(np.concatenate([r[step] for r in dealt]).tolist()) == sorted(
             np.concatenate([r[step] for r in plain]).tolist()
@@ -166,7 +166,7 @@ def test_random_sampler_deals_the_same_draws() -> None:
     costs = skewed(50, seed=4)
     common = {"num_rows": 50, "batch_size": 3, "seed": 2, "num_batches": 7}
     plain = rank_batches(RandomSampler, 2, **common)
-    dealt = rank_batches(RandomSampler, 2, balance=TokenBalance("greedy"), costs=costs, **common)
+    dealt = rank_batches(RandomSampler, 2, balance=TokenBalance("greedy", window=1), costs=costs, **common)
     for step in range(7):
         assert sorted(np.concatenate([r[step] for r in dealt]).tolist()) == sorted(
             np.concatenate([r[step] for r in plain]).tolist()

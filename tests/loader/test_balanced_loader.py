@@ -53,7 +53,7 @@ def step_imbalance(per_rank: list[list[dict[str, torch.Tensor]]]) -> np.ndarray:
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_padded_ranks_get_the_same_rows_with_more_even_tokens(skewed: Path, drop_last: bool) -> None:
     common = {"batch_size": 4, "seed": 3, "drop_last": drop_last}
-    plain, dealt = ranks(skewed, **common), ranks(skewed, balance_tokens=True, **common)
+    plain, dealt = ranks(skewed, **common), ranks(skewed, balance_tokens=True, balance_window=1, **common)
     assert step_rows(dealt) == step_rows(plain)  # every step keeps its rows; only ranks change
     assert [[b["x"].shape for b in r] for r in dealt] == [[b["x"].shape for b in r] for r in plain]
     before, after = step_imbalance(plain), step_imbalance(dealt)
@@ -71,8 +71,15 @@ def test_window_moves_rows_between_steps_only_inside_the_window(skewed: Path) ->
     for first in range(0, len(rows), 4):
         window = [np.concatenate(steps[first : first + 4]) for steps in (rows, plain)]
         assert sorted(window[0]) == sorted(window[1])
-    per_step = ranks(skewed, balance_tokens=True, **common)
+    per_step = ranks(skewed, balance_tokens=True, balance_window=1, **common)
     assert step_imbalance(pooled).mean() < step_imbalance(per_step).mean()
+
+
+def test_balancing_regroups_eight_steps_by_default(skewed: Path) -> None:
+    common = {"batch_size": 4, "seed": 3}
+    default = step_rows(ranks(skewed, balance_tokens=True, **common))
+    assert default == step_rows(ranks(skewed, balance_tokens=True, balance_window=8, **common))
+    assert default != step_rows(ranks(skewed, balance_tokens=True, balance_window=1, **common))
 
 
 def test_packed_ranks_share_the_packs_with_even_tokens(skewed: Path) -> None:
@@ -97,14 +104,15 @@ def test_resume_mid_epoch_gives_the_same_remaining_batches(skewed: Path, packing
     resumed = ParquetLoader(skewed, **args)
     resumed.load_state_dict(first.state_dict())
     assert taken + [b["x"].tolist() for b in resumed] == full
-    for other in ({"balance_tokens": False, "balance_window": 1}, {"balance_window": 2}, {"balance_tokens": "snake"}):
+    for other in ({"balance_tokens": False, "balance_window": None}, {"balance_window": 2},
+                  {"balance_tokens": "snake"}):
         with pytest.raises(EtlError, match="balance_tokens"):
             ParquetLoader(skewed, **{**args, **other}).load_state_dict(first.state_dict())
 
 
 def test_random_sampler_balances_its_draws(skewed: Path) -> None:
     common = {"batch_size": 4, "seed": 5, "sampler": "random", "num_batches": 10}
-    plain, dealt = ranks(skewed, **common), ranks(skewed, balance_tokens="greedy", **common)
+    plain, dealt = ranks(skewed, **common), ranks(skewed, balance_tokens="greedy", balance_window=1, **common)
     assert step_rows(dealt) == step_rows(plain)
     assert step_imbalance(dealt).mean() < step_imbalance(plain).mean()
 
