@@ -11,6 +11,7 @@ loaded, so those ~0.4 s overlap DuckDB's parse (`etl run --timings` shows `start
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -47,17 +48,23 @@ if TYPE_CHECKING:
 
 __all__ = ["run"]
 
+# Seconds the main thread waits for the first chunk's parse to start before it loads Polars and
+# the tokenizer anyway (input on slow storage: then reading does not hold the GIL).
+HEAD_START = 1.0
+
 
 Item = tuple[Source, pa.Table | UnreadableFile | None, int]
 
 
 def _parsed_chunks(
-    sources: list[Source], cfg: RunConfig, query: BuilderQuery, con: duckdb.DuckDBPyConnection, timings: Timings
+    sources: list[Source], cfg: RunConfig, query: BuilderQuery, con: duckdb.DuckDBPyConnection, timings: Timings,
+    parsing: threading.Event,
 ) -> Iterator[Item]:
     """(source, parsed chunk, bytes of the file read through it) in file order; an
     `UnreadableFile`, then None, ends each file.
 
-    Runs on the prefetch thread, so it takes its own DuckDB cursor, and it applies
+    Runs on the prefetch thread, so it takes its own DuckDB cursor; sets `parsing` when the
+    first parse starts (or when there is none to start), and it applies
     `preprocessing.max_items` to the raw records (parsing keeps one row per record). The byte
     position travels with its chunk, so the progress bar shows work done, not read ahead.
     """
@@ -67,25 +74,29 @@ def _parsed_chunks(
     def read_through(offset: int) -> None:
         position[0] = offset
 
-    for source in sources:
-        if budget == 0:
-            return
-        position[0] = 0
-        try:
-            for raw in read_chunks(source, chunk_bytes=cfg.chunk_bytes, progress=read_through):
-                if budget is not None:  # preprocessing.max_items: stop reading there
-                    raw = raw.slice(0, budget)
-                    budget -= raw.num_rows
-                    if raw.num_rows == 0:
-                        break
-                if STARTUP not in timings and (age := process_age()) is not None:
-                    timings[STARTUP] = age
-                with timings.timed("parse"):  # on the prefetch thread: overlaps tokenizing
-                    parsed = run_builder(con, raw, query)
-                yield source, parsed, position[0]
-        except UnreadableFile as exc:
-            yield source, exc, position[0]
-        yield source, None, position[0]
+    try:
+        for source in sources:
+            if budget == 0:
+                return
+            position[0] = 0
+            try:
+                for raw in read_chunks(source, chunk_bytes=cfg.chunk_bytes, progress=read_through):
+                    if budget is not None:  # preprocessing.max_items: stop reading there
+                        raw = raw.slice(0, budget)
+                        budget -= raw.num_rows
+                        if raw.num_rows == 0:
+                            break
+                    if not parsing.is_set():
+                        timings[STARTUP] = process_age() or 0.0
+                        parsing.set()
+                    with timings.timed("parse"):  # on the prefetch thread: overlaps tokenizing
+                        parsed = run_builder(con, raw, query)
+                    yield source, parsed, position[0]
+            except UnreadableFile as exc:
+                yield source, exc, position[0]
+            yield source, None, position[0]
+    finally:
+        parsing.set()  # nothing (more) to parse: the main thread must not wait for it
 
 
 def _inputs(src: str, out: Path, *, storage: bool) -> tuple[list[Source], list[Path]]:
@@ -179,8 +190,11 @@ def run(
     early = None if template is not None else _resources(config)  # `hf`: the template needs the tokenizer
     con = connect() if early is None else early.con
     query = builder_query_for(config, template) if template is not None else early.builder_query()
-    with Prefetch(_parsed_chunks(sources, config, query, con.cursor(), run_timings)) as parsed:
+    parsing = threading.Event()
+    with Prefetch(_parsed_chunks(sources, config, query, con.cursor(), run_timings, parsing)) as parsed:
         # The first chunk parses (DuckDB, no GIL) while Polars and the tokenizer load (GIL).
+        # Reading it holds the GIL, so it goes first rather than at half speed beside them.
+        parsing.wait(timeout=HEAD_START)
         res = early or _resources(config, template=template, con=con)
         with OutputWriter(out, kind="run", keep=holds_inputs) as output:
             from etl.pipeline.chunk import RunState
