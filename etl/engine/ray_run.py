@@ -1,0 +1,144 @@
+"""`etl run --engine ray`: the local engine's per-chunk work as Ray Data `map_batches` stages.
+
+read (one task per file, etl's reader) -> parse (tasks) -> [dedup: groupby + join, see
+`etl.engine.dedup`] -> plan + assemble + write (actors that load the tokenizer once). Workers
+write parts into DST's journaled staging folder; the driver renames them into place and writes
+the manifest last from the workers' counts (`etl.engine.commit`), so a killed run never looks
+finished and the next run removes what it left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from etl.config.run_config import RunConfig
+from etl.engine.location import local_path
+from etl.errors import EtlError
+
+# Each actor tokenizes with this many Rust threads (the tokenizers library's own parallelism),
+# and one actor is started per this many CPUs of the cluster: on 2 cores one actor with 2
+# threads, as the local engine runs (see README "Running on Ray").
+THREADS_PER_ACTOR = 2
+
+
+def _connect(address: str | None) -> bool:
+    """Join the cluster at `address` (or RAY_ADDRESS), or start a local one; True if we started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(address=address, log_to_driver=True, configure_logging=False,
+             runtime_env={"env_vars": {"RAYON_NUM_THREADS": str(THREADS_PER_ACTOR)}})
+    return True
+
+
+def _actors() -> int:
+    import ray
+
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    return max(1, cpus // THREADS_PER_ACTOR)
+
+
+def _pipeline(sources: list[Any], res: Any, staging: Path, *, actors: int) -> Any:
+    """The Ray dataset of per-chunk results (`etl.engine.worker.RESULT_SCHEMA` rows)."""
+    import ray
+
+    from etl.engine.dedup import earlier_keys
+    from etl.engine.ray_read import ChunkSource
+    from etl.engine.worker import ChunkProcessor, parse_batch
+
+    cfg = res.config
+    raw = ray.data.read_datasource(
+        ChunkSource(sources, chunk_bytes=cfg.chunk_bytes, max_items=cfg.max_items), num_cpus=0.5
+    )
+    # One chunk per block: Ray's block sizing would otherwise merge chunk rows and serialize them.
+    parsed = raw.repartition(target_num_rows_per_block=1).map_batches(
+        parse_batch, fn_kwargs={"query": res.builder_query()}, batch_size=1, batch_format="pyarrow",
+        num_cpus=0.5,
+    )
+    if cfg.deduplicate:
+        parsed = parsed.materialize()  # read once for both the keys and the work (object store)
+        earlier = earlier_keys(parsed, sources, exact=cfg.dedup_mode == "exact",
+                               split_seed=cfg.split_seed, partitions=max(2, actors))
+        parsed = parsed.join(earlier, "left_outer", num_partitions=max(2, actors), on=("file", "chunk"))
+        parsed = parsed.repartition(target_num_rows_per_block=1)
+    return parsed.map_batches(
+        ChunkProcessor, fn_constructor_kwargs={"config": cfg, "sources": sources, "staging": str(staging)},
+        batch_size=1, batch_format="pyarrow", concurrency=actors, num_cpus=1,
+    )
+
+
+def run(
+    src: str, dst: str, config: RunConfig, *, address: str | None = None, progress: bool = True,
+    timings: Counter[str] | None = None,
+) -> dict[str, Any]:
+    """Run the pipeline from SRC to DST on Ray; returns the manifest, as `etl.pipeline.run.run`.
+
+    Joins the cluster at `address` (else RAY_ADDRESS), or starts a local one for the run. DST must
+    be a path (or file:// URI) that every node sees at the same place (shared storage).
+    """
+    import ray
+    from ray.data import DataContext
+
+    from etl.engine.commit import commit_parts, merge_counts, merge_timings
+    from etl.output.card import write_card
+    from etl.output.ownership import OutputWriter, check_target
+    from etl.pipeline.resources import build_resources, manifest_for
+    from etl.pipeline.run import _inputs
+
+    started = time.perf_counter()
+    out = Path(local_path(dst, what="DST"))
+    if out.exists() and not out.is_dir():
+        raise EtlError(f"DST {dst} is a file; pass a folder (it is created if missing)")
+    storage = config.storage_format != "parquet"
+    sources, holds_inputs = _inputs(local_path(src, what="SRC"), out, storage=storage)
+    check_target(out, keep=holds_inputs)
+    if config.storage_format == "h5":
+        from etl.output.storage_backends import require_h5py
+
+        require_h5py()
+    out = out.absolute()  # workers run elsewhere: they get absolute paths
+    sources = [dataclasses.replace(s, path=s.path.absolute()) for s in sources]
+    owns_ray = _connect(address)
+    try:
+        res = build_resources(config)
+        DataContext.get_current().enable_progress_bars = progress
+        with OutputWriter(out, kind="run", keep=holds_inputs) as output:
+            staging = output.staging()
+            results = _pipeline(sources, res, staging, actors=_actors()).take_all()
+            counts = merge_counts(results)
+            assert counts.add_up(), counts
+            commit_parts(output, staging, results)
+            manifest = manifest_for(res, sources, counts)
+            if storage:
+                from etl.output.storage import write_run_storage
+
+                manifest["storage"] = write_run_storage(
+                    out, manifest, output, storage_format=config.storage_format,
+                    max_tokens_per_shard=config.max_tokens_per_shard,
+                )
+            write_card(output, manifest, weights=res.weights)
+            output.commit(manifest)
+    finally:
+        if owns_ray:
+            ray.shutdown()
+    if timings is not None:
+        timings.update(merge_timings(results))
+        timings["total"] = time.perf_counter() - started
+    return {**manifest, "files": output.files()}
+
+
+__all__ = ["require_ray", "run"]
+
+
+def require_ray() -> None:
+    """Fail in one line when Ray is not installed."""
+    try:
+        import ray  # noqa: F401
+        import ray.data  # noqa: F401
+    except ImportError as exc:
+        raise EtlError("--engine ray needs Ray Data: pip install 'etl[ray]' (or 'ray[data]')") from exc
