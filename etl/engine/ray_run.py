@@ -36,14 +36,18 @@ def _connect(address: str | None) -> bool:
     return True
 
 
-def _actors() -> int:
+# Input bytes per hash partition of the dedup shuffles: ~24 B of (key, chunk) per ~500 B record,
+# so 5 GiB of input is ~250 MiB of keys per partition.
+INPUT_PER_PARTITION = 5 << 30
+
+
+def _cpus() -> int:
     import ray
 
-    cpus = int(ray.cluster_resources().get("CPU", 1))
-    return max(1, cpus // THREADS_PER_ACTOR)
+    return int(ray.cluster_resources().get("CPU", 1))
 
 
-def _pipeline(sources: list[Any], res: Any, staging: Path, *, actors: int) -> Any:
+def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int) -> Any:
     """The Ray dataset of per-chunk results (`etl.engine.worker.RESULT_SCHEMA` rows)."""
     import ray
 
@@ -52,6 +56,9 @@ def _pipeline(sources: list[Any], res: Any, staging: Path, *, actors: int) -> An
     from etl.engine.worker import ChunkProcessor, parse_batch
 
     cfg = res.config
+    actors = max(1, cpus // THREADS_PER_ACTOR)
+    size = sum(s.path.stat().st_size for s in sources if s.kind != "dir")
+    partitions = max(2, cpus, size // INPUT_PER_PARTITION)
     raw = ray.data.read_datasource(
         ChunkSource(sources, chunk_bytes=cfg.chunk_bytes, max_items=cfg.max_items), num_cpus=0.5
     )
@@ -63,8 +70,8 @@ def _pipeline(sources: list[Any], res: Any, staging: Path, *, actors: int) -> An
     if cfg.deduplicate:
         parsed = parsed.materialize()  # read once for both the keys and the work (object store)
         earlier = earlier_keys(parsed, sources, exact=cfg.dedup_mode == "exact",
-                               split_seed=cfg.split_seed, partitions=max(2, actors))
-        parsed = parsed.join(earlier, "left_outer", num_partitions=max(2, actors), on=("file", "chunk"))
+                               split_seed=cfg.split_seed, partitions=partitions)
+        parsed = parsed.join(earlier, "left_outer", num_partitions=partitions, on=("file", "chunk"))
         parsed = parsed.repartition(target_num_rows_per_block=1)
     return parsed.map_batches(
         ChunkProcessor, fn_constructor_kwargs={"config": cfg, "sources": sources, "staging": str(staging)},
@@ -109,7 +116,7 @@ def run(
         DataContext.get_current().enable_progress_bars = progress
         with OutputWriter(out, kind="run", keep=holds_inputs) as output:
             staging = output.staging()
-            results = _pipeline(sources, res, staging, actors=_actors()).take_all()
+            results = _pipeline(sources, res, staging, cpus=_cpus()).take_all()
             counts = merge_counts(results)
             assert counts.add_up(), counts
             commit_parts(output, staging, results)

@@ -71,7 +71,7 @@ class EarlierKeys:
     (`etl.engine.dedup`) found those keys."""
 
     def __init__(self, earlier: np.ndarray) -> None:
-        self.earlier = earlier.astype(np.uint64)
+        self.earlier = earlier.astype(np.int64).view(np.uint64)  # int64 bits in transit (dedup.py)
 
     def keep(self, keys: np.ndarray) -> np.ndarray:
         keys = np.asarray(keys).astype(np.uint64, copy=False)
@@ -99,7 +99,7 @@ class ChunkProcessor:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         earlier = batch.column("earlier").to_pylist() if "earlier" in batch.column_names else None
-        out = [self.process(row, np.array(earlier[i] or [], dtype=np.uint64) if earlier else None)
+        out = [self.process(row, np.array(earlier[i] or [], dtype=np.int64) if earlier else None)
                for i, row in enumerate(ChunkRow.rows_of(batch))]
         return pa.table({name: [o[name] for o in out] for name in RESULT_SCHEMA.names}, schema=RESULT_SCHEMA)
 
