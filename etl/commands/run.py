@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     timings: Counter[str] = Counter()
     if args.engine == "ray":
-        from etl.engine.ray_run import require_ray, run as run_ray
+        from etl.engine.ray_run import require_ray
+        from etl.engine.ray_run import run as run_ray
 
         require_ray()
         manifest = run_ray(args.src, args.dst, config, address=args.ray_address, progress=not args.quiet,

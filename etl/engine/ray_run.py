@@ -145,7 +145,7 @@ __all__ = ["require_ray", "run"]
 def require_ray() -> None:
     """Fail in one line when Ray is not installed."""
     try:
-        import ray  # noqa: F401
+        import ray
         import ray.data  # noqa: F401
     except ImportError as exc:
         raise EtlError("--engine ray needs Ray Data: pip install 'etl[ray]' (or 'ray[data]')") from exc

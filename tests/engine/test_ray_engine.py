@@ -27,7 +27,7 @@ from etl.config.run_config import RunConfig
 from etl.pipeline.run import run as run_local
 
 ray = pytest.importorskip("ray")
-from etl.engine.ray_run import run as run_ray  # noqa: E402
+from etl.engine.ray_run import run as run_ray
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"
