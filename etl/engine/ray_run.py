@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -110,9 +111,11 @@ def run(
         require_h5py()
     out = out.absolute()  # workers run elsewhere: they get absolute paths
     sources = [dataclasses.replace(s, path=s.path.absolute()) for s in sources]
-    owns_ray = _connect(address)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the tokenizer loads while Ray starts (~0.5 s)
+        loading = pool.submit(build_resources, config)
+        owns_ray = _connect(address)
     try:
-        res = build_resources(config)
+        res = loading.result()
         DataContext.get_current().enable_progress_bars = progress
         with OutputWriter(out, kind="run", keep=holds_inputs) as output:
             staging = output.staging()
