@@ -10,6 +10,7 @@ finished and the next run removes what it left.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -32,8 +33,7 @@ def _connect(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
-    ray.init(address=address, log_to_driver=True, configure_logging=False,
-             runtime_env={"env_vars": {"RAYON_NUM_THREADS": str(THREADS_PER_ACTOR)}})
+    ray.init(address=address, logging_level=logging.WARNING)
     return True
 
 
@@ -76,7 +76,8 @@ def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int) -> Any:
         parsed = parsed.repartition(target_num_rows_per_block=1)
     return parsed.map_batches(
         ChunkProcessor, fn_constructor_kwargs={"config": cfg, "sources": sources, "staging": str(staging)},
-        batch_size=1, batch_format="pyarrow", concurrency=actors, num_cpus=1,
+        batch_size=1, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1,
+        runtime_env={"env_vars": {"RAYON_NUM_THREADS": str(THREADS_PER_ACTOR)}},
     )
 
 
@@ -117,6 +118,8 @@ def run(
     try:
         res = loading.result()
         DataContext.get_current().enable_progress_bars = progress
+        if not progress:  # --quiet: Ray Data's plan and timing lines too
+            logging.getLogger("ray.data").setLevel(logging.ERROR)
         with OutputWriter(out, kind="run", keep=holds_inputs) as output:
             staging = output.staging()
             results = _pipeline(sources, res, staging, cpus=_cpus()).take_all()
