@@ -22,9 +22,9 @@ from etl.engine.location import local_path
 from etl.errors import EtlError
 
 # Each actor tokenizes with this many Rust threads (the tokenizers library's own parallelism),
-# and one actor is started per this many CPUs of the cluster: on 2 cores one actor with 2
-# threads, as the local engine runs (see README "Running on Ray").
+# and one actor is started per CPUS_PER_ACTOR CPUs of the cluster (README "Running on Ray").
 THREADS_PER_ACTOR = 2
+CPUS_PER_ACTOR = 2
 
 
 def _connect(address: str | None) -> bool:
@@ -57,7 +57,7 @@ def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int) -> Any:
     from etl.engine.worker import ChunkProcessor, parse_batch
 
     cfg = res.config
-    actors = max(1, cpus // THREADS_PER_ACTOR)
+    actors = max(1, cpus // CPUS_PER_ACTOR)
     size = sum(s.path.stat().st_size for s in sources if s.kind != "dir")
     partitions = max(2, cpus, size // INPUT_PER_PARTITION)
     raw = ray.data.read_datasource(
