@@ -92,7 +92,7 @@ def _same(local: Path, ray_dst: Path) -> None:
     assert _files(ray_dst) == _files(local)  # same chunks: the very same files
 
 
-CONFIG = RunConfig(deduplicate=True, val_fraction=0.3, chunk_bytes=2048)
+CONFIG = RunConfig(deduplicate=True, val_fraction=0.3, chunk_bytes=6144)  # 2-3 chunks a file
 
 
 def test_ray_equals_local_on_a_fixture(ray_cluster: dict[str, str], tmp_path: Path) -> None:
