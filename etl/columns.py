@@ -33,6 +33,8 @@ VAL_STORAGE_DIR = "_val"  # seed-004 bin/h5 storage of the val split: DST/_val/<
 EXPORT_FILE = "_export.json"
 JOURNAL_FILE = "_journal.jsonl"
 LOCK_FILE = "_lock"
+# Where `--engine ray` workers write parts before the driver renames them into place (etl.engine).
+STAGING_DIR = "_staging"
 SPLITS = ("train", "val")
 # The dataset card `load_dataset(DST)` reads (YAML `configs`: which parts form which split), and
 # the Hugging Face name of each etl split folder.

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "etl"
 # modules listed before it). What a newcomer should see in `ls etl/`.
 LAYERS = [
     "errors", "columns", "ragged", "ui", "formats", "config", "ingest", "tokens", "output", "packing",
-    "pipeline", "analysis", "loader", "sft", "torch", "commands", "cli", "__main__",
+    "pipeline", "engine", "analysis", "loader", "sft", "torch", "commands", "cli", "__main__",
 ]
 
 

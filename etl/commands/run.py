@@ -33,7 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flags(p, ("tokenizer", "template", "seq_len", "input_type", "truncation"))
     p.add_argument("--no-default-system", action="store_true",
                    help="do not insert a system message when missing (default_system: null in a config)")
-    p.add_argument("--engine", choices=["local"], default="local", help="execution engine (default local)")
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="execution engine: local (default) or ray (a Ray cluster, `pip install etl[ray]`; "
+                   "same rows, README 'Running on Ray')")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="with --engine ray: the cluster to join (default $RAY_ADDRESS, else a local one)")
     add_flags(p, ("chunk_bytes", "max_record_bytes"))
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--timings", action="store_true",
@@ -46,11 +50,22 @@ def run(args: argparse.Namespace) -> int:
 
     tune_malloc()  # before the libraries allocate (and their threads take arenas)
     from etl.config.from_file import config_from_args
+    from etl.errors import EtlError
     from etl.pipeline.run import run as run_pipeline
 
     config = config_from_args(args)
     timings: Counter[str] = Counter()
-    manifest = run_pipeline(args.src, args.dst, config, progress=not args.quiet, timings=timings)
+    if args.engine == "ray":
+        from etl.engine.ray_run import require_ray
+        from etl.engine.ray_run import run as run_ray
+
+        require_ray()
+        manifest = run_ray(args.src, args.dst, config, address=args.ray_address, progress=not args.quiet,
+                           timings=timings)
+    else:
+        if args.ray_address:
+            raise EtlError("--ray-address needs --engine ray")
+        manifest = run_pipeline(args.src, args.dst, config, progress=not args.quiet, timings=timings)
     if not args.quiet:
         print(summary(manifest, args.dst), file=sys.stderr)
         if hint := format_hint(manifest, args.dst):

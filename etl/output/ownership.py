@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import threading
 import warnings
 from collections.abc import Iterable
@@ -32,6 +33,9 @@ RECORDS = {"run": c.MANIFEST_FILE, "export": c.EXPORT_FILE, "pack": c.PACKS_FILE
 # run; `etl pack` replaces only the previous pack index.
 REPLACES = {"run": ("run", "export", "pack"), "export": ("export",), "pack": ("pack",)}
 PROTOCOL_FILES = {c.LOCK_FILE, c.JOURNAL_FILE}
+# The one folder etl owns whole: `--engine ray` workers write into it, on any node, after the driver
+# journaled it and before it renames their parts into place; a rerun removes it with what it holds.
+STAGING = c.STAGING_DIR
 # Files a user may take over by editing them (the dataset card): a writer removes one only while it
 # holds the bytes its record lists (a sha256 of a few KB); once edited it is the user's.
 EDITABLE = frozenset({c.CARD_FILE})
@@ -40,7 +44,7 @@ EDITABLE = frozenset({c.CARD_FILE})
 RESERVED = frozenset(
     n.casefold()
     for n in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR, c.VAL_STORAGE_DIR, c.PACKS_DIR, *RECORDS.values(),
-              *PROTOCOL_FILES, *EDITABLE)
+              *PROTOCOL_FILES, *EDITABLE, STAGING)
 )
 # Manifests of format_version 1 listed data/turns parts only; their rejects parts were etl's too.
 _V1_REJECTS = re.compile(re.escape(c.REJECTS_DIR) + r"/part-\d{5}\.parquet")
@@ -232,6 +236,8 @@ class OutputWriter:
             for path in (self.root / rel, tmp_of(self.root / rel)):
                 if path.is_file() or path.is_symlink():
                     path.unlink()
+                elif rel == STAGING and path.is_dir():
+                    shutil.rmtree(path)
             _prune_empty(self.root / rel, self.root)
 
     def reserve(self, path: Path) -> Path:
@@ -254,12 +260,24 @@ class OutputWriter:
                     f"{self.kind} does not replace; write into another folder")
         return f"{path} exists and was not written by etl; move it away and rerun"
 
-    def add(self, path: Path, *, rows: int | None = None) -> None:
-        """Record a complete file (it must have been reserved)."""
-        entry = describe_file(path, self.root, rows=rows)
+    def add(self, path: Path, *, rows: int | None = None, sha256: str | None = None) -> None:
+        """Record a complete file (it must have been reserved); `sha256`, when the writer that made
+        it (a Ray worker) computed it already, is trusted instead of read back."""
+        if sha256 is None:
+            entry = describe_file(path, self.root, rows=rows)
+        else:
+            entry = {"path": path.relative_to(self.root).as_posix(), "rows": rows,
+                     "bytes": path.stat().st_size, "sha256": sha256}
         assert entry["path"] in self._reserved, f"{path} written without reserve()"
         with self._mutex:
             self._files.append(entry)
+
+    def staging(self) -> Path:
+        """The staging folder (`STAGING`), journaled, then created empty: helpers of this writer on
+        other machines write there; a rerun after a crash removes it whole."""
+        path = self.reserve(self.root / STAGING)
+        path.mkdir()
+        return path
 
     def files(self) -> list[dict[str, Any]]:
         """Entries of every file added, sorted by path."""

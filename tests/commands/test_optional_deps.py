@@ -19,7 +19,7 @@ from etl.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "raw"
-OPTIONAL = ("matplotlib", "h5py", "nbclient", "nbformat")
+OPTIONAL = ("matplotlib", "h5py", "nbclient", "nbformat", "ray")
 
 
 def etl_without(missing: tuple[str, ...], *argvs: list[str]) -> subprocess.CompletedProcess[str]:
@@ -90,4 +90,13 @@ def test_h5_run_without_h5py_fails_before_writing(tmp_path: Path) -> None:
     proc = etl_without(("h5py",), ["run", str(EXAMPLES), str(dst), "--config", str(config), "--quiet"])
     assert statuses(proc) == [2]
     assert proc.stderr == "etl run: error: storage_format h5 needs h5py: pip install 'etl[h5]' (or h5py)\n"
+    assert not dst.exists()
+
+
+def test_ray_engine_without_ray_names_the_extra(tmp_path: Path) -> None:
+    """The local engine never imports ray (above); `--engine ray` without it is one line."""
+    dst = tmp_path / "run"
+    proc = etl_without(("ray",), ["run", str(EXAMPLES), str(dst), "--engine", "ray", "--quiet"])
+    assert statuses(proc) == [2]
+    assert proc.stderr == "etl run: error: --engine ray needs Ray Data: pip install 'etl[ray]' (or 'ray[data]')\n"
     assert not dst.exists()

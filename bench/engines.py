@@ -1,0 +1,86 @@
+"""Benchmark: `etl run` on T0 with the local engine and with `--engine ray` on the same machine.
+
+The issue's bar: on one machine the Ray engine reaches at least 0.8x the local engine's tokens/s
+(whole process, Ray's start-up included), so adding nodes is a gain from the first one. Rounds
+are interleaved (local, ray, local, ray, ...) and the median per engine reported, since a shared
+2-core machine drifts between runs. `results()` is what bench/results.py imports.
+
+    python bench/engines.py [--rounds N] [--max-items N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+T0 = SHARED / "t0-train-50k" / "t0_train_50k_per_template.jsonl.gz"
+QWEN = SHARED / "qwen2.5-tokenizer"
+ENGINES = ("local", "ray")
+
+
+def command(engine: str, dst: Path, *, max_items: int | None = None) -> list[str]:
+    """The `etl run` command line of one engine on T0 (what a user types, less the venv path)."""
+    cmd = ["etl", "run", str(T0), str(dst), "--input-type", "prompt_completion", "--tokenizer", str(QWEN),
+           "--template", "chatml", "--quiet", "--engine", engine]
+    if max_items is not None:
+        config = dst.parent / "max_items.json"
+        config.write_text(json.dumps({"preprocessing": {"max_items": max_items}}))
+        cmd += ["--config", str(config)]
+    return cmd
+
+
+def _once(engine: str, work: Path, *, max_items: int | None) -> tuple[float, int]:
+    """Wall seconds of one whole `etl run` process, and the tokens it wrote."""
+    dst = work / f"{engine}-out"
+    cmd = command(engine, dst, max_items=max_items)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(work)}  # Ray writes ~/.ray
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "etl", *cmd[1:]], check=True, env=env, cwd=work,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seconds = time.perf_counter() - started
+    tokens = json.loads((dst / "_manifest.json").read_text())["counts"]["tokens"]
+    return seconds, tokens
+
+
+def results(rounds: int = 3, *, max_items: int | None = None) -> list[dict[str, Any]]:
+    """One row per engine: {name, seconds (median), tokens/s, command}; [] without ../shared."""
+    if not T0.exists() or not QWEN.exists():
+        return []
+    times: dict[str, list[float]] = {e: [] for e in ENGINES}
+    tokens = 0
+    with tempfile.TemporaryDirectory(prefix="etl-engines-") as tmp:
+        work = Path(tmp)
+        for _ in range(rounds):
+            for engine in ENGINES:
+                seconds, tokens = _once(engine, work, max_items=max_items)
+                times[engine].append(seconds)
+        return [{"name": f"etl run --engine {e} (T0, Qwen2.5, chatml)", "seconds": statistics.median(t),
+                 "tokens/s": tokens / statistics.median(t),
+                 "command": " ".join(command(e, Path("DST"), max_items=max_items))} for e, t in times.items()]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-items", type=int, default=None, help="records of T0 (default all 50k)")
+    args = p.parse_args()
+    rows = results(args.rounds, max_items=args.max_items)
+    if not rows:
+        sys.exit(f"{T0} or {QWEN} missing")
+    for row in rows:
+        print(f"{row['name']}: {row['seconds']:.2f} s, {row['tokens/s'] / 1e6:.2f}M tok/s  ({row['command']})")
+    print(f"ray / local: {rows[1]['tokens/s'] / rows[0]['tokens/s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

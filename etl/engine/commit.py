@@ -1,0 +1,71 @@
+"""The Ray driver's side of the parts: merge the workers' counts, rename their staged parts into
+place and record them, so DST ends as the local engine leaves it.
+
+Final names are numbered densely per folder in (file, chunk, part) order: the order in which the
+local engine writes them, so with the same `chunk_bytes` the two engines name (and write) the
+same files, and two Ray runs give byte-identical output whatever order their tasks ran in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from etl import columns as c
+from etl.engine.chunks import CHUNK, FILE
+from etl.engine.worker import COUNTS, PARTS, TIMINGS
+from etl.output.ownership import OutputWriter
+from etl.output.parquet import REJECTS_SCHEMA, write_part
+from etl.pipeline.accounting import Counts
+
+
+def merge_counts(results: list[dict[str, Any]]) -> Counts:
+    """The run's counts: the sum of every chunk's, inputs not read to the end in file order."""
+    counts = Counts()
+    for result in sorted(results, key=lambda r: (r[FILE], r[CHUNK])):
+        part = json.loads(result[COUNTS])
+        counts.read += part["read"]
+        counts.written += part["written"]
+        counts.truncated += part["truncated"]
+        counts.tokens += part["tokens"]
+        counts.trained_tokens += part["trained_tokens"]
+        counts.dropped.update(part["dropped"])
+        counts.rejected.update(part["rejected"])
+        counts.incomplete += part["incomplete"]
+    return counts
+
+
+def merge_timings(results: list[dict[str, Any]]) -> Counter[str]:
+    """Worker seconds per stage, summed over the chunks (CPU-side, not wall time)."""
+    total: Counter[str] = Counter()
+    for result in results:
+        total.update(json.loads(result[TIMINGS]))
+    return total
+
+
+def commit_parts(output: OutputWriter, staging: Path, results: list[dict[str, Any]]) -> None:
+    """Journal each staged part's final name, rename it there and record it; remove staging.
+
+    A kill between two renames leaves the journal listing both the staging folder and every final
+    name reserved so far: the rerun removes them all, and no manifest was written.
+    """
+    staged = []
+    for result in results:
+        for entry in json.loads(result[PARTS]):
+            staged.append(((entry["folder"], result[FILE], result[CHUNK], entry["path"]), entry))
+    numbers: Counter[str] = Counter()
+    for (folder, *_), entry in sorted(staged, key=lambda item: item[0]):
+        final = output.reserve(output.root / folder / f"part-{numbers[folder]:05d}.parquet")
+        numbers[folder] += 1
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / entry["path"], final)
+        output.add(final, rows=entry["rows"], sha256=entry["sha256"])
+    if not numbers[c.REJECTS_DIR]:  # DESIGN §4 lists _rejects/part-00000: present, empty
+        path = output.reserve(output.root / c.REJECTS_DIR / "part-00000.parquet")
+        write_part(REJECTS_SCHEMA.empty_table(), path)
+        output.add(path, rows=0)
+    shutil.rmtree(staging)

@@ -1,0 +1,157 @@
+"""`etl run --engine ray`: the local engine's per-chunk work as Ray Data `map_batches` stages.
+
+read (one task per file, etl's reader) -> parse (tasks) -> [dedup: groupby + join, see
+`etl.engine.dedup`] -> plan + assemble + write (actors that load the tokenizer once). Workers
+write parts into DST's journaled staging folder; the driver renames them into place and writes
+the manifest last from the workers' counts (`etl.engine.commit`), so a killed run never looks
+finished and the next run removes what it left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from etl.config.run_config import RunConfig
+from etl.engine.location import local_path
+from etl.errors import EtlError
+
+# Each actor tokenizes with this many Rust threads (the tokenizers library's own parallelism),
+# and one actor is started per CPUS_PER_ACTOR CPUs of the cluster (README "Running on Ray").
+THREADS_PER_ACTOR = 2
+CPUS_PER_ACTOR = 2
+
+
+def _connect(address: str | None) -> bool:
+    """Join the cluster at `address` (or RAY_ADDRESS), or start a local one; True if we started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(address=address, logging_level=logging.WARNING)
+    return True
+
+
+# Input bytes per hash partition of the dedup shuffles: ~24 B of (key, chunk) per ~500 B record,
+# so 5 GiB of input is ~250 MiB of keys per partition.
+INPUT_PER_PARTITION = 5 << 30
+
+
+def _cpus() -> int:
+    import ray
+
+    return int(ray.cluster_resources().get("CPU", 1))
+
+
+def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int) -> Any:
+    """The Ray dataset of per-chunk results (`etl.engine.worker.RESULT_SCHEMA` rows)."""
+    import ray
+
+    from etl.engine.dedup import earlier_keys
+    from etl.engine.ray_read import ChunkSource
+    from etl.engine.worker import ChunkProcessor, parse_batch
+
+    cfg = res.config
+    actors = max(1, cpus // CPUS_PER_ACTOR)
+    size = sum(s.path.stat().st_size for s in sources if s.kind != "dir")
+    partitions = max(2, cpus, size // INPUT_PER_PARTITION)
+    raw = ray.data.read_datasource(
+        ChunkSource(sources, chunk_bytes=cfg.chunk_bytes, max_items=cfg.max_items), num_cpus=0.5
+    )
+    # One chunk per block: Ray's block sizing would otherwise merge chunk rows and serialize them.
+    parsed = raw.repartition(target_num_rows_per_block=1).map_batches(
+        parse_batch, fn_kwargs={"query": res.builder_query()}, batch_size=1, batch_format="pyarrow",
+        num_cpus=0.5,
+    )
+    if cfg.deduplicate:
+        parsed = parsed.materialize()  # read once for both the keys and the work (object store)
+        earlier = earlier_keys(parsed, sources, exact=cfg.dedup_mode == "exact",
+                               split_seed=cfg.split_seed, partitions=partitions)
+        parsed = parsed.join(earlier, "left_outer", num_partitions=partitions, on=("file", "chunk"))
+        parsed = parsed.repartition(target_num_rows_per_block=1)
+    return parsed.map_batches(
+        ChunkProcessor, fn_constructor_kwargs={"config": cfg, "sources": sources, "staging": str(staging)},
+        batch_size=1, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1,
+        runtime_env={"env_vars": {"RAYON_NUM_THREADS": str(THREADS_PER_ACTOR)}},
+    )
+
+
+def run(
+    src: str, dst: str, config: RunConfig, *, address: str | None = None, progress: bool = True,
+    timings: Counter[str] | None = None,
+) -> dict[str, Any]:
+    """Run the pipeline from SRC to DST on Ray; returns the manifest, as `etl.pipeline.run.run`.
+
+    Joins the cluster at `address` (else RAY_ADDRESS), or starts a local one for the run. DST must
+    be a path (or file:// URI) that every node sees at the same place (shared storage).
+    """
+    import ray
+    from ray.data import DataContext
+
+    from etl.engine.commit import commit_parts, merge_counts, merge_timings
+    from etl.output.card import write_card
+    from etl.output.ownership import OutputWriter, check_target
+    from etl.pipeline.resources import build_resources, manifest_for
+    from etl.pipeline.run import _inputs
+
+    started = time.perf_counter()
+    out = Path(local_path(dst, what="DST"))
+    if out.exists() and not out.is_dir():
+        raise EtlError(f"DST {dst} is a file; pass a folder (it is created if missing)")
+    storage = config.storage_format != "parquet"
+    sources, holds_inputs = _inputs(local_path(src, what="SRC"), out, storage=storage)
+    check_target(out, keep=holds_inputs)
+    if config.storage_format == "h5":
+        from etl.output.storage_backends import require_h5py
+
+        require_h5py()
+    out = out.absolute()  # workers run elsewhere: they get absolute paths
+    sources = [dataclasses.replace(s, path=s.path.absolute()) for s in sources]
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the tokenizer loads while Ray starts (~0.5 s)
+        loading = pool.submit(build_resources, config)
+        owns_ray = _connect(address)
+    try:
+        res = loading.result()
+        DataContext.get_current().enable_progress_bars = progress
+        if not progress:  # --quiet: Ray Data's plan and timing lines too
+            logging.getLogger("ray.data").setLevel(logging.ERROR)
+        with OutputWriter(out, kind="run", keep=holds_inputs) as output:
+            staging = output.staging()
+            results = _pipeline(sources, res, staging, cpus=_cpus()).take_all()
+            counts = merge_counts(results)
+            assert counts.add_up(), counts
+            commit_parts(output, staging, results)
+            manifest = manifest_for(res, sources, counts)
+            if storage:
+                from etl.output.storage import write_run_storage
+
+                manifest["storage"] = write_run_storage(
+                    out, manifest, output, storage_format=config.storage_format,
+                    max_tokens_per_shard=config.max_tokens_per_shard,
+                )
+            write_card(output, manifest, weights=res.weights)
+            output.commit(manifest)
+    finally:
+        if owns_ray:
+            ray.shutdown()
+    if timings is not None:
+        timings.update(merge_timings(results))
+        timings["total"] = time.perf_counter() - started
+    return {**manifest, "files": output.files()}
+
+
+__all__ = ["require_ray", "run"]
+
+
+def require_ray() -> None:
+    """Fail in one line when Ray is not installed."""
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError as exc:
+        raise EtlError("--engine ray needs Ray Data: pip install 'etl[ray]' (or 'ray[data]')") from exc

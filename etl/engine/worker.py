@@ -1,0 +1,123 @@
+"""What a Ray worker does to a chunk row: parse it, or run the local engine's `process_chunk` on it
+and write its parts into DST's staging folder. Plain Python (no `import ray`): Ray calls these
+through `map_batches`, and tests can call them directly.
+
+Parts are staged as `<staging>/<file>-<chunk>/<folder>/part-<k>.parquet`: names the chunk gives, not
+the worker or the order tasks ran in; the driver renames them into place (`etl.engine.commit`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from etl.config.run_config import RunConfig
+from etl.engine.chunks import CHUNK, FILE, ChunkRow, to_ipc
+from etl.formats.base import BuilderQuery
+from etl.formats.registry import run_builder
+from etl.ingest.discover import Source
+from etl.output.ownership import describe_file
+from etl.output.parquet import write_part
+from etl.pipeline.accounting import Counts
+from etl.pipeline.run import RunState, _reject_file, process_chunk
+
+COUNTS, PARTS, TIMINGS = "counts", "parts", "timings"
+RESULT_SCHEMA = pa.schema([(FILE, pa.int32()), (CHUNK, pa.int32()), (COUNTS, pa.string()),
+                           (PARTS, pa.string()), (TIMINGS, pa.string())])
+_CON: list[duckdb.DuckDBPyConnection] = []  # one connection per worker process, made on first use
+
+
+def parse_batch(batch: pa.Table, *, query: BuilderQuery) -> pa.Table:
+    """Chunk rows of raw lines -> chunk rows of parsed records (`run_builder`, as the local engine)."""
+    if not _CON:
+        _CON.append(duckdb.connect())
+    rows = []
+    for row in ChunkRow.rows_of(batch):
+        if row.table is not None:
+            row = ChunkRow(row.file, row.chunk, run_builder(_CON[0], row.table, query))
+        rows.append(row.to_table())
+    return pa.concat_tables(rows)
+
+
+class StagedParts:
+    """`PartWriter`'s interface for one chunk: parts go to the staging folder under names the
+    chunk gives; `entries` describes them (rows, bytes, sha256) for the driver."""
+
+    def __init__(self, staging: Path, file: int, chunk: int) -> None:
+        self.root = staging / f"{file:06d}-{chunk:06d}"
+        self.parts: Counter[str] = Counter()
+        self.entries: list[dict[str, Any]] = []
+
+    def count(self, folder: str) -> int:
+        return self.parts[folder]
+
+    def write(self, folder: str, table: pa.Table) -> None:
+        path = self.root / folder / f"part-{self.parts[folder]:03d}.parquet"
+        self.parts[folder] += 1
+        write_part(table, path)
+        entry = describe_file(path, self.root.parent, rows=table.num_rows)
+        self.entries.append({**entry, "folder": folder})
+
+
+class EarlierKeys:
+    """`Deduplicator`'s interface for one chunk: a record is kept when it is the first of its key
+    in the chunk and no earlier chunk (in file order) holds the key; the global groupby
+    (`etl.engine.dedup`) found those keys."""
+
+    def __init__(self, earlier: np.ndarray) -> None:
+        self.earlier = earlier.astype(np.int64).view(np.uint64)  # int64 bits in transit (dedup.py)
+
+    def keep(self, keys: np.ndarray) -> np.ndarray:
+        keys = np.asarray(keys).astype(np.uint64, copy=False)
+        _, first = np.unique(keys, return_index=True)
+        fresh = np.zeros(len(keys), dtype=bool)
+        fresh[first] = True
+        return fresh & ~np.isin(keys, self.earlier)
+
+
+def counts_json(counts: Counts) -> str:
+    return json.dumps({"read": counts.read, "written": counts.written, "truncated": counts.truncated,
+                       "tokens": counts.tokens, "trained_tokens": counts.trained_tokens,
+                       "dropped": counts.dropped, "rejected": counts.rejected,
+                       "incomplete": counts.incomplete})
+
+
+class ChunkProcessor:
+    """A Ray actor's state: the run's resources (tokenizer loaded once per actor)."""
+
+    def __init__(self, config: RunConfig, sources: list[Source], staging: str) -> None:
+        from etl.pipeline.resources import build_resources
+
+        self.res = build_resources(config)
+        self.sources, self.staging = sources, Path(staging)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        earlier = batch.column("earlier").to_pylist() if "earlier" in batch.column_names else None
+        out = [self.process(row, np.array(earlier[i] or [], dtype=np.int64) if earlier else None)
+               for i, row in enumerate(ChunkRow.rows_of(batch))]
+        return pa.table({name: [o[name] for o in out] for name in RESULT_SCHEMA.names}, schema=RESULT_SCHEMA)
+
+    def process(self, row: ChunkRow, earlier: np.ndarray | None) -> dict[str, Any]:
+        """Process one chunk row as the local engine does; its counts, parts and timings."""
+        source = self.sources[row.file]
+        parts = StagedParts(self.staging, row.file, row.chunk)
+        state = RunState(res=self.res, parts=parts)  # type: ignore[arg-type]  # PartWriter's interface
+        if earlier is not None:
+            state.dedup = EarlierKeys(earlier)  # type: ignore[assignment]  # Deduplicator's interface
+        if row.error is not None:
+            state.counts.read_per_file[source.name] = row.records_read
+            _reject_file(source, row.error, state.counts, parts)  # type: ignore[arg-type]
+        else:
+            assert row.table is not None
+            process_chunk(source, row.table, state)
+        return {FILE: row.file, CHUNK: row.chunk, COUNTS: counts_json(state.counts),
+                PARTS: json.dumps(parts.entries), TIMINGS: json.dumps(state.timings)}
+
+
+__all__ = ["ChunkProcessor", "EarlierKeys", "StagedParts", "parse_batch", "to_ipc"]
