@@ -25,7 +25,7 @@ from etl.ingest.discover import Source
 from etl.output.ownership import describe_file
 from etl.output.parquet import write_part
 from etl.pipeline.accounting import Counts
-from etl.pipeline.run import RunState, _reject_file, process_chunk
+from etl.pipeline.chunk import RunState, process_chunk, reject_file
 
 COUNTS, PARTS, TIMINGS = "counts", "parts", "timings"
 RESULT_SCHEMA = pa.schema([(FILE, pa.int32()), (CHUNK, pa.int32()), (COUNTS, pa.string()),
@@ -112,7 +112,7 @@ class ChunkProcessor:
             state.dedup = EarlierKeys(earlier)  # type: ignore[assignment]  # Deduplicator's interface
         if row.error is not None:
             state.counts.read_per_file[source.name] = row.records_read
-            _reject_file(source, row.error, state.counts, parts)  # type: ignore[arg-type]
+            reject_file(source, row.error, state.counts, parts)  # type: ignore[arg-type]
         else:
             assert row.table is not None
             process_chunk(source, row.table, state)
