@@ -87,14 +87,16 @@ def header(settings: Settings, args: argparse.Namespace, data: Data, elapsed: fl
 
 def section(name: str, build: Callable[[], Table], failures: list[str]) -> Table:
     """Run one section; a failure becomes a note in its place (and a non-zero exit) instead of losing the rest."""
-    started = time.perf_counter()
+    started, load = time.perf_counter(), os.getloadavg()[0]
     print(f"[bench] {name} ...", file=sys.stderr, flush=True)
     try:
         table = build()
     except Exception as exc:  # noqa: BLE001 - reported in the file and by the exit status
         failures.append(name)
         table = Table(name, [], notes=[f"**Failed**: {type(exc).__name__}: {exc}"])
-    print(f"[bench] {name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    seconds = time.perf_counter() - started
+    table.notes.append(f"_Section took {seconds:.0f} s; load average {load:.1f} at its start, {os.getloadavg()[0]:.1f} at its end._")
+    print(f"[bench] {name}: {seconds:.0f} s", file=sys.stderr, flush=True)
     return table
 
 

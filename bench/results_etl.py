@@ -117,6 +117,11 @@ def side_table(data: Data, cmds: dict[str, list[str]], times: dict[str, list[flo
              f"encodes), {written['tokens']:,} written tokens (with the template); etl wrote {written['written']:,} rows, "
              f"truncated {written['truncated']}. Last column: this job's seconds / etl run's seconds (above 1: etl is "
              "faster; below 1: the fraction of the bare tokenizer's rate etl keeps).")]
+    notes.append("Peers (`bench/peers.py`, transformers' `AutoTokenizer` on the same tokenizer folder, etl's default "
+                 "system message given explicitly): the per-example loop calls `apply_chat_template(tokenize=True)` per "
+                 "conversation and masks each assistant turn by prefix difference; the HF map is `load_dataset(\"json\")` + "
+                 "`Dataset.map(batched=True, num_proc=2)` rendering with `apply_chat_template(tokenize=False)`, one "
+                 "tokenizer call per batch with offsets, the mask from the same prefixes; both write Parquet.")
     for name, file in (("per-example loop", "per_example.parquet"), ("HF datasets map", "hf_map.parquet")):
         compared, bad = differing_rows(out / "etl", out / file)
         notes.append(f"Check: the {name}'s input_ids and assistant mask equal etl's input_ids and loss_mask on "
