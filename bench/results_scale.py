@@ -120,7 +120,9 @@ def memory_table(data: Data, slice_path: Path, slice_rows: int, factors: tuple[i
     growth = peaks[1] / peaks[0]
     verdict = "met" if growth <= 1.2 and max(peaks) < GIB else "not met"
     notes = [(f"Input: the first {slice_rows:,} T0 chats written {factors[0]}× and {factors[1]}× over (`$SLICE_X…`). "
-             f"Peak RSS is the child's own `ru_maxrss` (`os.wait4`), one run each (peaks move by ~50 MiB between runs). "
+             "Peak RSS is `etl run`'s own `ru_maxrss` (`os.wait4` in `bench/child.py`'s ~10 MiB launcher: a child "
+              "of this benchmark process directly would report at least this process's size), one run each (peaks "
+              f"move by ~50 MiB between runs). "
              f"{factors[1]}× / {factors[0]}× peak: **{ratio(growth)}**; largest peak {max(peaks):.0f} MiB. "
              f"Acceptance (issue 12 point 2: 50× ≤ 1.2 × the 10× peak, and under 1 GiB): **{verdict}**.")]
     columns = ["input", "chats", "MB", "command", "peak RSS MiB", "wall s", "written tok/s"]

@@ -14,6 +14,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))  # the bench modules import each other by name, as scripts do
 
 import results_md as md
+from child import run_child
 from results_etl import Data, side_by_side
 from results_scale import engines, memory_table, optional_table
 
@@ -65,6 +66,15 @@ def test_optional_table_missing_and_present(monkeypatch: pytest.MonkeyPatch) -> 
     assert table.columns == ["engine", "s"] and table.rows == [["local", "1.0"]]
     fake.results = lambda: 1 / 0  # type: ignore[attr-defined]
     assert "failed: ZeroDivisionError" in optional_table("fake_bench", "t").notes[0]
+
+
+def test_child_peak_is_its_own_not_the_callers() -> None:
+    """A direct child's ru_maxrss would start at this process's size; the launcher's does not."""
+    ballast = bytearray(300 << 20)
+    ballast[:: 4096] = b"\x01" * len(ballast[:: 4096])  # touch every page: 300 MiB resident here
+    run = run_child(["true"])
+    assert run.peak_mib < 100, run
+    assert len(ballast) == 300 << 20
 
 
 def tiny_data(tmp_path: Path, tokenizer: Path | str, rows: int = 40) -> Data:
