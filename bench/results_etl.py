@@ -126,18 +126,27 @@ def side_table(data: Data, cmds: dict[str, list[str]], times: dict[str, list[flo
         compared, bad = differing_rows(out / "etl", out / file)
         notes.append(f"Check: the {name}'s input_ids and assistant mask equal etl's input_ids and loss_mask on "
                      f"{compared - len(bad):,} of {compared:,} rows (every row etl wrote){'' if not bad else f'; differ on source lines {bad[:10]}'}.")
-    med = {name: statistics.median(seconds) for name, seconds in times.items()}
-    notes.append("Ratios (content tok/s, the same tokens for every job): etl / bare encode_batch = "
-                 f"**{med['bare encode_batch'] / etl_s:.2f}**, etl / bare encode_batch_fast = "
-                 f"**{med['bare encode_batch_fast'] / etl_s:.2f}**; etl / per-example loop = "
-                 f"**{ratio(med['per-example loop'] / etl_s)}**; etl / HF datasets map = **{ratio(med['HF datasets map'] / etl_s)}**. "
-                 "etl's figure is the whole process (start-up, reading, writing Parquet); the bare tokenizer's is its "
-                 "calls alone, in process, the tokenizer already loaded.")
-    hf = med["HF datasets map"] / etl_s
-    notes.append(f"Goal (issue 12 point 5): etl run ≥ 3× faster than HF datasets' batched map (num_proc=2) on the "
-                 f"same data: **{ratio(hf)}, {'met' if hf >= 3 else 'not met'}**.")
+    notes += ratio_notes(times)
     columns = ["job", "command", "wall s, median (range)", "CPU s", "content tok/s", "written tok/s", "its s / etl s"]
     return Table(f"etl run vs the bare tokenizer and the peers (T0, {written['read']:,} chats, Qwen2.5)", columns, rows, notes)
+
+
+def ratio_notes(times: dict[str, list[float]]) -> list[str]:
+    """The ratios of section 1 on medians, and on each job's best round (contention only adds time)."""
+    def ratios(pick: Callable[[list[float]], float]) -> dict[str, float]:
+        etl_s = pick(times["etl run"])
+        return {name: pick(seconds) / etl_s for name, seconds in times.items()}
+
+    med, best = ratios(statistics.median), ratios(min)
+    pairs = [("etl / bare encode_batch", "bare encode_batch"), ("etl / bare encode_batch_fast", "bare encode_batch_fast"),
+             ("etl / per-example loop", "per-example loop"), ("etl / HF datasets map", "HF datasets map")]
+    text = "; ".join(f"{label} = **{ratio(med[name])}** (best rounds {ratio(best[name])})" for label, name in pairs)
+    goal = "met" if med["HF datasets map"] >= 3 else "not met"
+    return [(f"Ratios of content tok/s (the same tokens for every job), on medians and on each job's best round: {text}. "
+            "etl's figure is the whole process (start-up, reading, writing Parquet); the bare tokenizer's is its calls "
+            "alone, in process, the tokenizer already loaded."),
+            ("Goal (issue 12 point 5): etl run ≥ 3× faster than HF datasets' batched map (num_proc=2) on the same data: "
+            f"**{ratio(med['HF datasets map'])} on medians ({ratio(best['HF datasets map'])} on best rounds), {goal}**.")]
 
 
 def startup_table(data: Data, etl_runs: list[Run], rounds: int) -> Table:

@@ -15,7 +15,7 @@ sys.path.insert(0, str(BENCH))  # the bench modules import each other by name, a
 
 import results_md as md
 from child import run_child
-from results_etl import Data, side_by_side
+from results_etl import Data, ratio_notes, side_by_side
 from results_scale import engines, memory_table, optional_table
 
 QWEN = BENCH.parents[1] / "shared" / "data" / "qwen2.5-tokenizer"
@@ -55,6 +55,15 @@ def test_parse_timings() -> None:
 def test_from_results_shapes(value: object, columns: list[str], rows: list[list[object]], notes: list[str]) -> None:
     table = md.from_results("t", value)
     assert (table.columns, table.rows, table.notes) == (columns, rows, notes)
+
+
+def test_ratio_notes_on_medians_and_best_rounds() -> None:
+    times = {"etl run": [5.0, 6.0, 9.0], "per-example loop": [30.0], "HF datasets map": [15.0, 18.0, 20.0],
+             "bare encode_batch": [3.0], "bare encode_batch_fast": [2.5]}
+    ratios, goal = ratio_notes(times)
+    assert "etl / HF datasets map = **3.00×** (best rounds 3.00×)" in ratios
+    assert "etl / bare encode_batch = **0.50×** (best rounds 0.60×)" in ratios
+    assert goal.endswith("**3.00× on medians (3.00× on best rounds), met**.")
 
 
 def test_optional_table_missing_and_present(monkeypatch: pytest.MonkeyPatch) -> None:
