@@ -156,8 +156,10 @@ def startup_table(data: Data, etl_runs: list[Run], rounds: int) -> Table:
     columns = ["figure", "command", "seconds, median (range)"]
     if keys:
         rows = [[k, "`etl run ... --timings` (the side-by-side's etl runs)", secs([t[k] for t in timings if k in t])] for k in keys]
+        worst = max(statistics.median(t[k] for t in timings if k in t) for k in keys)
         return Table("Start-up before the first record is parsed (goal < 0.5 s)", columns, rows,
-                     ["Read from the `startup` figure(s) of `etl run --timings`."])
+                     [(f"Read from the `startup` figure(s) of `etl run --timings`; goal (under 0.5 s): "
+                      f"**{'met' if worst < 0.5 else 'not met'}**.")])
     script = ("import time; t0 = time.perf_counter(); import etl.cli, etl.commands.run, etl.pipeline.run; "
               "t1 = time.perf_counter(); from etl.tokens.loading import load_tokenizer; load_tokenizer(__import__('sys').argv[1]); "
               "print(t1 - t0, time.perf_counter() - t1)")
@@ -171,5 +173,7 @@ def startup_table(data: Data, etl_runs: list[Run], rounds: int) -> Table:
              secs([p[i] for p in parts])] for i, label in enumerate(("imports (etl CLI, run command, pipeline)", "tokenizer load (Qwen2.5 tokenizer.json)", "whole child process (with interpreter start)"))]
     note = ("`etl run --timings` prints no `startup` figure in this build, so start-up is measured here as the import "
             "of what `etl run` imports before reading plus loading the tokenizer, in a child process; the first "
-            "record's parse is not included. Goal: under 0.5 s.")
-    return Table("Start-up before the first record is parsed (goal < 0.5 s)", columns, rows, [note])
+            "record's parse is not included.")
+    both = statistics.median(p[0] + p[1] for p in parts)
+    verdict = f"Imports + tokenizer load: **{both:.2f} s; goal (under 0.5 s) {'met' if both < 0.5 else 'not met'}**."
+    return Table("Start-up before the first record is parsed (goal < 0.5 s)", columns, rows, [note, verdict])

@@ -14,8 +14,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))  # the bench modules import each other by name, as scripts do
 
 import results_md as md
-from child import run_child
-from results_etl import Data, ratio_notes, side_by_side
+from child import Run, run_child
+from results_etl import Data, ratio_notes, side_by_side, startup_table
 from results_scale import engines, memory_table, optional_table
 
 QWEN = BENCH.parents[1] / "shared" / "data" / "qwen2.5-tokenizer"
@@ -100,6 +100,17 @@ def test_memory_table_runs_etl_on_repeated_input(tmp_path: Path) -> None:
     table = memory_table(data, data.chats, 40, (2, 4))
     assert [r[:2] for r in table.rows] == [["2×", "80"], ["4×", "160"]]
     assert "$SLICE_X2" in table.rows[0][3] and "Acceptance" in table.notes[0]
+
+
+def test_startup_from_timings_line_or_measured(tmp_path: Path) -> None:
+    data = tiny_data(tmp_path, "bytes")
+    runs = [Run(1.0, 1.0, 1, f"etl run timings: total 1.00s, startup {s}s, parse 0.10s") for s in ("0.30", "0.40", "0.90")]
+    table = startup_table(data, runs, 1)
+    assert table.rows == [["startup", "`etl run ... --timings` (the side-by-side's etl runs)", "0.40 (0.30-0.90)"]]
+    assert "**met**" in table.notes[0]
+    measured = startup_table(data, [Run(1.0, 1.0, 1, "etl run timings: total 1.00s")], 1)
+    assert len(measured.rows) == 3 and "no `startup` figure" in measured.notes[0]
+    assert measured.notes[1].startswith("Imports + tokenizer load: **")
 
 
 def test_engines_says_when_ray_is_absent(tmp_path: Path) -> None:
