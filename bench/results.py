@@ -5,7 +5,7 @@ T0-train-50k (../shared/data) rewritten as chats (prompt -> user, completion wit
 at their defaults (default system message, S = 2048, 16 MiB chunks). Sections: etl run vs the bare
 tokenizer and two peers (a per-example loop, HF datasets' batched map) on the first 20k chats;
 start-up; 1 vs 2 cores; local vs ray engine; peak RSS at 10x and 50x a 5k-chat slice; packing;
-loader tokens/s padded and packed; token balance. Each figure comes with its command. About 6-8
+loader tokens/s padded and packed; token balance. Each figure comes with its command. About 6-7
 minutes; `--quick` (2k chats, 2x and 4x a 1k slice, one round) about 1 minute.
 
     python bench/results.py [--quick] [--out bench/results.md] [--rounds R] [--tokenizer DIR]
@@ -108,7 +108,7 @@ def sections(data: Data, slice_path: Path, settings: Settings, failures: list[st
               section("start-up", lambda: startup_table(data, etl_runs, s.rounds), failures),
               section("cores", lambda: cores_table(data, s.rounds), failures),
               section("engines", lambda: engines(data, s.rounds), failures),
-              section("memory", lambda: memory_table(data, slice_path, s.slice_rows, s.factors), failures)]
+              section("memory", lambda: memory_table(data, slice_path, s.slice_rows, s.factors, s.rounds), failures)]
     every = data.tmp / "t0-all-out"
     data.names[str(every)] = "$T0_ALL_OUT"
     run_child(etl_cmd(data.tmp / "t0-all.jsonl", every, data.tokenizer), env=child_env(), cwd=str(REPO))

@@ -53,10 +53,10 @@ def render(title: str, header: Sequence[str], tables: Sequence[Table]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def secs(values: Sequence[float]) -> str:
-    """Median seconds, with the range when there were several runs: `5.41 (5.30-5.62)`."""
+def secs(values: Sequence[float], digits: int = 2) -> str:
+    """The median, with the range when there were several runs: `5.41 (5.30-5.62)`."""
     med = statistics.median(values)
-    return f"{med:.2f}" if len(values) == 1 else f"{med:.2f} ({min(values):.2f}-{max(values):.2f})"
+    return f"{med:.{digits}f}" if len(values) == 1 else f"{med:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def rate(tokens: float, seconds: float) -> str:

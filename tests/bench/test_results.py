@@ -37,6 +37,7 @@ def test_render_numbers_sections_and_keeps_notes() -> None:
 def test_number_formats() -> None:
     assert md.secs([2.0]) == "2.00"
     assert md.secs([3.0, 1.0, 2.0]) == "2.00 (1.00-3.00)"
+    assert md.secs([559.4, 679.6], 0) == "620 (559-680)"
     assert md.rate(3_000_000, 2.0) == "1.50M"
     assert md.ratio(2.5) == "2.50×"
 
@@ -97,8 +98,9 @@ def tiny_data(tmp_path: Path, tokenizer: Path | str, rows: int = 40) -> Data:
 
 def test_memory_table_runs_etl_on_repeated_input(tmp_path: Path) -> None:
     data = tiny_data(tmp_path, "bytes")
-    table = memory_table(data, data.chats, 40, (2, 4))
+    table = memory_table(data, data.chats, 40, (2, 4), rounds=2)
     assert [r[:2] for r in table.rows] == [["2×", "80"], ["4×", "160"]]
+    assert "(" in table.rows[0][4]  # median (range) of 2 runs
     assert "$SLICE_X2" in table.rows[0][3] and "Acceptance" in table.notes[0]
 
 
