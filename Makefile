@@ -33,13 +33,10 @@ test: $(STAMP)
 stats: $(STAMP)
 	$(BIN)/etl stats $(DST)
 
+# Every figure in one run -> bench/results.md. One-topic scripts (etl_throughput, builders_throughput,
+# loader_throughput, big_record, hot_path, packing, unread_fields) run on their own: python bench/X.py.
 bench: $(STAMP)
-	$(BIN)/python bench/etl_throughput.py
-	$(BIN)/python bench/builders_throughput.py
-	$(BIN)/python bench/loader_throughput.py
-	$(BIN)/python bench/big_record.py
-	$(BIN)/python bench/hot_path.py
-	$(BIN)/python bench/packing.py
+	$(BIN)/python bench/results.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check etl tests bench examples

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from child import run_child  # bench/ is sys.path[0] when run as a script
 
 QWEN = Path(__file__).resolve().parents[2] / "shared" / "data" / "qwen2.5-tokenizer"
 # Mostly English, some accented, CJK and punctuation: ~3.4 bytes per Qwen2.5 token.
@@ -81,15 +81,12 @@ def etl_run(src: Path, dst: Path, tokenizer: str, seq_len: int, extra: list[str]
     """Wall seconds, peak RSS (KiB) of the child alone, and its manifest counts."""
     cmd = [sys.executable, "-m", "etl", "run", str(src), str(dst), "--tokenizer", tokenizer,
            "--template", "chatml", "--seq-len", str(seq_len), "--quiet", *extra]
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    seconds = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"etl run failed ({proc.returncode}): {' '.join(cmd)}")
+    try:
+        run = run_child(cmd)
+    except RuntimeError as exc:
+        raise SystemExit(f"etl run failed: {exc}") from exc
     counts = json.loads((dst / "_manifest.json").read_text())["counts"]
-    return seconds, usage.ru_maxrss, counts
+    return run.wall, run.peak_kib, counts
 
 
 def supports_limit() -> bool:

@@ -24,16 +24,21 @@ T0 = SHARED / "t0-train-50k" / "t0_train_50k_per_template.jsonl.gz"
 QWEN = SHARED / "qwen2.5-tokenizer"
 
 
-def write_chats(rows: int | None, out: Path) -> list[str]:
-    """T0 prompt/completion rows as chat JSONL; returns the message contents in order."""
+def write_chats(rows: int | None, out: Path, *, strip_suffix: str = "") -> list[str]:
+    """T0 prompt/completion rows as chat JSONL; returns the message contents in order.
+
+    `strip_suffix` removes that text from the end of each completion (T0's completions end in
+    GPT-3's `<|endoftext|>` marker, which `apply_chat_template` would read as a special token).
+    """
     contents: list[str] = []
     with gzip.open(T0, "rt", encoding="utf-8") as src, out.open("w", encoding="utf-8") as dst:
         for i, line in enumerate(src):
             if rows is not None and i >= rows:
                 break
             rec = json.loads(line)
-            msgs = [{"role": "user", "content": rec["prompt"]}, {"role": "assistant", "content": rec["completion"]}]
-            contents += [rec["prompt"], rec["completion"]]
+            answer = rec["completion"].removesuffix(strip_suffix) if strip_suffix else rec["completion"]
+            msgs = [{"role": "user", "content": rec["prompt"]}, {"role": "assistant", "content": answer}]
+            contents += [rec["prompt"], answer]
             dst.write(json.dumps({"messages": msgs}, ensure_ascii=False) + "\n")
     return contents
 

@@ -118,20 +118,38 @@ def trl_section(lengths: np.ndarray, seq_len: int, repeats: int) -> list[list[st
     return rows
 
 
-def loader_section(dst: Path, batches: int) -> list[str]:
-    """Real tokens/s of `ParquetLoader` batches (B=32, T=2048, one process) padded vs packed."""
-    from loader_throughput import B, T, measure  # bench/ is sys.path[0] when run as a script
+# (label, ParquetLoader options): the loader rows, padded first (the ratios' denominator).
+LOADER_CONFIGS: list[tuple[str, dict[str, Any]]] = [
+    ("padded (collate=fixed)", {}),
+    ("packed bfd, etl pack index", {"packing": "bfd"}),
+    ("packed bfd online per epoch (max_docs_per_bin=64)", {"packing": "bfd", "pack_options": {"max_docs_per_bin": 64}}),
+]
+
+
+def loader_rows(dst: Path, batches: int) -> list[tuple[str, int, float, int, int]]:
+    """(label, batches, seconds, tokens delivered, real tokens) of `ParquetLoader` (B=32, T=2048,
+    one process) for each of `LOADER_CONFIGS`; writes a bfd pack index into ``dst`` first."""
+    from loader_throughput import T, measure  # bench/ is sys.path[0] when run as a script
 
     from etl.packing.index import build_pack_index
     from etl.packing.index_io import write_pack_index
 
     write_pack_index(dst, {"train": build_pack_index(dst, "train", strategy="bfd", seq_len=T + 1)})
-    lines = [f"| loader, B={B} T={T}, workers=0 | batches | s | real tokens/s | fill |", "|---|---:|---:|---:|---:|"]
-    for label, kwargs in (("padded (collate=fixed)", {}), ("packed bfd, etl pack index", {"packing": "bfd"}),
-                          ("packed bfd online per epoch (max_docs_per_bin=64)", {"packing": "bfd", "pack_options": {"max_docs_per_bin": 64}})):
+    rows = []
+    for label, kwargs in LOADER_CONFIGS:
         with warnings.catch_warnings():  # "packing online": what the last row asks for
             warnings.simplefilter("ignore", EtlWarning)
             n, seconds, shape, real, _ = measure(dst, batches, num_workers=0, **kwargs)
+        rows.append((label, n, seconds, shape, real))
+    return rows
+
+
+def loader_section(dst: Path, batches: int) -> list[str]:
+    """Real tokens/s of `ParquetLoader` batches (B=32, T=2048, one process) padded vs packed."""
+    from loader_throughput import B, T
+
+    lines = [f"| loader, B={B} T={T}, workers=0 | batches | s | real tokens/s | fill |", "|---|---:|---:|---:|---:|"]
+    for label, n, seconds, shape, real in loader_rows(dst, batches):
         lines.append(f"| {label} | {n} | {seconds:.2f} | {real / seconds / 1e6:.1f}M | {real / shape:.3f} |")
     return lines
 
