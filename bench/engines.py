@@ -25,13 +25,19 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 T0 = SHARED / "t0-train-50k" / "t0_train_50k_per_template.jsonl.gz"
 QWEN = SHARED / "qwen2.5-tokenizer"
-ENGINES = ("local", "ray")
+# "ray" starts and stops its own local Ray for the run (as `--engine ray` alone does: ~5 s of
+# import, start and shutdown on 2 cores); "ray-cluster" joins one started before the rounds with
+# `ray start --head`, as a job on a running cluster does.
+ENGINES = ("local", "ray", "ray-cluster")
+PORT = 6391  # the bench cluster's GCS port (not Ray's default 6379, to leave a user's cluster alone)
 
 
 def command(engine: str, dst: Path, *, max_items: int | None = None) -> list[str]:
     """The `etl run` command line of one engine on T0 (what a user types, less the venv path)."""
     cmd = ["etl", "run", str(T0), str(dst), "--input-type", "prompt_completion", "--tokenizer", str(QWEN),
-           "--template", "chatml", "--quiet", "--engine", engine]
+           "--template", "chatml", "--quiet", "--engine", engine.split("-")[0]]
+    if engine == "ray-cluster":
+        cmd += ["--ray-address", f"127.0.0.1:{PORT}"]
     if max_items is not None:
         config = dst.parent / "max_items.json"
         config.write_text(json.dumps({"preprocessing": {"max_items": max_items}}))
@@ -52,21 +58,45 @@ def _once(engine: str, work: Path, *, max_items: int | None) -> tuple[float, int
     return seconds, tokens
 
 
+def _cluster(work: Path, *, start: bool) -> None:
+    """Start (or stop) the bench's own Ray cluster: 2 CPUs, no dashboard, HOME in `work`."""
+    ray = [str(Path(sys.executable).with_name("ray"))]
+    args = ["start", "--head", f"--port={PORT}", "--num-cpus=2", "--include-dashboard=false",
+            f"--temp-dir={work / 'ray'}"] if start else ["stop"]
+    subprocess.run(ray + args, check=start, env={**os.environ, "HOME": str(work)},
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _interleaved(engines: tuple[str, ...], work: Path, rounds: int, max_items: int | None) -> tuple[dict, int]:
+    times: dict[str, list[float]] = {e: [] for e in engines}
+    tokens = 0
+    for _ in range(rounds):  # interleaved: local, ray, local, ray, ...
+        for engine in engines:
+            seconds, tokens = _once(engine, work, max_items=max_items)
+            times[engine].append(seconds)
+    return {e: statistics.median(t) for e, t in times.items()}, tokens
+
+
 def results(rounds: int = 3, *, max_items: int | None = None) -> list[dict[str, Any]]:
-    """One row per engine: {name, seconds (median), tokens/s, command}; [] without ../shared."""
+    """One row per engine: {name, seconds (median), tokens/s, local s beside it, ray/local, command};
+    [] without ../shared. The cluster rounds have their own local runs: its idle daemons use CPU."""
     if not T0.exists() or not QWEN.exists():
         return []
-    times: dict[str, list[float]] = {e: [] for e in ENGINES}
-    tokens = 0
     with tempfile.TemporaryDirectory(prefix="etl-engines-") as tmp:
         work = Path(tmp)
-        for _ in range(rounds):
-            for engine in ENGINES:
-                seconds, tokens = _once(engine, work, max_items=max_items)
-                times[engine].append(seconds)
-        return [{"name": f"etl run --engine {e} (T0, Qwen2.5, chatml)", "seconds": statistics.median(t),
-                 "tokens/s": tokens / statistics.median(t),
-                 "command": " ".join(command(e, Path("DST"), max_items=max_items))} for e, t in times.items()]
+        alone, tokens = _interleaved(ENGINES[:2], work, rounds, max_items)
+        _cluster(work, start=True)
+        try:
+            beside, _ = _interleaved((ENGINES[0], ENGINES[2]), work, rounds, max_items)
+        finally:
+            _cluster(work, start=False)
+    rows = []
+    for engine, local in (("local", alone["local"]), ("ray", alone["local"]), ("ray-cluster", beside["local"])):
+        seconds = alone[engine] if engine in alone else beside[engine]
+        rows.append({"name": f"etl run --engine {engine} (T0, Qwen2.5, chatml)", "seconds": seconds,
+                     "tokens/s": tokens / seconds, "local seconds": local, "vs local": local / seconds,
+                     "command": " ".join(command(engine, Path("DST"), max_items=max_items))})
+    return rows
 
 
 def main() -> None:
@@ -78,8 +108,8 @@ def main() -> None:
     if not rows:
         sys.exit(f"{T0} or {QWEN} missing")
     for row in rows:
-        print(f"{row['name']}: {row['seconds']:.2f} s, {row['tokens/s'] / 1e6:.2f}M tok/s  ({row['command']})")
-    print(f"ray / local: {rows[1]['tokens/s'] / rows[0]['tokens/s']:.2f}x")
+        print(f"{row['name']}: {row['seconds']:.2f} s, {row['tokens/s'] / 1e6:.2f}M tok/s, "
+              f"{row['vs local']:.2f}x local's tokens/s (local {row['local seconds']:.2f} s)  ({row['command']})")
 
 
 if __name__ == "__main__":
