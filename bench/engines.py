@@ -51,8 +51,11 @@ def _once(engine: str, work: Path, *, max_items: int | None) -> tuple[float, int
     cmd = command(engine, dst, max_items=max_items)
     env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(work)}  # Ray writes ~/.ray
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "etl", *cmd[1:]], check=True, env=env, cwd=work,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-m", "etl", *cmd[1:]], check=False, env=env, cwd=work,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        tail = " | ".join(line for line in done.stderr.splitlines()[-5:] if line.strip())
+        raise RuntimeError(f"{' '.join(cmd[:2])} --engine {engine} exited {done.returncode}: {tail}")
     seconds = time.perf_counter() - started
     tokens = json.loads((dst / "_manifest.json").read_text())["counts"]["tokens"]
     return seconds, tokens

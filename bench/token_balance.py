@@ -97,11 +97,12 @@ def results(
         rows.append({
             "mode": mode, "shuffle": "full" if shuffle_window is None else f"blocks of {shuffle_window} row groups",
             "balance": balance, "B": batch_size, "W": world_size, "steps": len(ratio),
-            "mean": float(ratio.mean()), "p50": float(np.median(ratio)),
-            "p99": float(np.percentile(ratio, 99)), "worst": float(ratio.max()),
+            # Rounded here: bench/results.py prints these values as they are.
+            "mean": round(float(ratio.mean()), 4), "p50": round(float(np.median(ratio)), 4),
+            "p99": round(float(np.percentile(ratio, 99)), 3), "worst": round(float(ratio.max()), 3),
             "over_105": int((ratio > 1.05).sum()),
             "floor_over_105": int((imbalance_floor(step_items, world_size=world_size) > 1.05).sum()),
-            "layout_ms": 1e3 * seconds,
+            "layout_ms": round(1e3 * seconds, 1),
         })
     return rows
 

@@ -93,7 +93,9 @@ class ChunkProcessor:
 
     def __init__(self, config: RunConfig, sources: list[Source], staging: str) -> None:
         from etl.pipeline.resources import build_resources
+        from etl.pipeline.startup import tune_malloc
 
+        tune_malloc()  # the local engine's memory bound on every worker too
         self.res = build_resources(config)
         self.sources, self.staging = sources, Path(staging)
 
