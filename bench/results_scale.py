@@ -68,7 +68,11 @@ def optional_table(name: str, title: str) -> Table:
     if module is None:
         return Table(title, [], notes=[f"Not available in this build (no `bench/{name}.py` with `results()`)."])
     try:
-        table = from_results(title, module.results())
+        rows = module.results()
+        if not rows:
+            missing = f"Not measured: `bench/{name}.py` found none of its data (it needs ../shared/data)."
+            return Table(title, [], notes=[missing])
+        table = from_results(title, rows)
     except Exception as exc:  # noqa: BLE001 - a failing optional bench must not lose the other tables
         return Table(title, [], notes=[f"`bench/{name}.py` `results()` failed: {type(exc).__name__}: {exc}"])
     table.notes.append(f"From `bench/{name}.py` `results()`.")
