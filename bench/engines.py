@@ -49,7 +49,7 @@ def _once(engine: str, work: Path, *, max_items: int | None) -> tuple[float, int
     """Wall seconds of one whole `etl run` process, and the tokens it wrote."""
     dst = work / f"{engine}-out"
     cmd = command(engine, dst, max_items=max_items)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(work)}  # Ray writes ~/.ray
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": _home(engine, work)}  # Ray writes ~/.ray
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "etl", *cmd[1:]], check=False, env=env, cwd=work,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -61,12 +61,20 @@ def _once(engine: str, work: Path, *, max_items: int | None) -> tuple[float, int
     return seconds, tokens
 
 
+def _home(engine: str, work: Path) -> str:
+    """HOME for Ray: the bench cluster's own, since a run that starts its own Ray rewrites
+    ~/.ray/auth_token, which the cluster's token must match."""
+    home = work / ("cluster-home" if engine == "ray-cluster" else "home")
+    home.mkdir(exist_ok=True)
+    return str(home)
+
+
 def _cluster(work: Path, *, start: bool) -> None:
     """Start (or stop) the bench's own Ray cluster: 2 CPUs, no dashboard, HOME in `work`."""
     ray = [str(Path(sys.executable).with_name("ray"))]
     args = ["start", "--head", f"--port={PORT}", "--num-cpus=2", "--include-dashboard=false",
             f"--temp-dir={work / 'ray'}"] if start else ["stop"]
-    subprocess.run(ray + args, check=start, env={**os.environ, "HOME": str(work)},
+    subprocess.run(ray + args, check=start, env={**os.environ, "HOME": _home("ray-cluster", work)},
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

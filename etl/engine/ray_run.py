@@ -33,7 +33,11 @@ def _connect(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
-    ray.init(address=address, logging_level=logging.WARNING)
+    try:
+        ray.init(address=address, logging_level=logging.WARNING)
+    except ConnectionError as exc:
+        raise EtlError(f"--engine ray: {exc}; check --ray-address / RAY_ADDRESS, that the cluster runs "
+                       "(`ray status`), and that this user's ~/.ray/auth_token is the cluster's") from exc
     return True
 
 
