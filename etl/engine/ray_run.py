@@ -85,6 +85,29 @@ def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int) -> Any:
     )
 
 
+def _finish(res: Any, sources: list[Any], results: list[dict[str, Any]], output: Any, staging: Path) -> dict[str, Any]:
+    """Rename the workers' parts into place, then storage files, the card, the manifest last."""
+    from etl.engine.commit import commit_parts, merge_counts
+    from etl.output.card import write_card
+    from etl.pipeline.resources import manifest_for
+
+    config = res.config
+    counts = merge_counts(results)
+    assert counts.add_up(), counts
+    commit_parts(output, staging, results)
+    manifest = manifest_for(res, sources, counts)
+    if config.storage_format != "parquet":
+        from etl.output.storage import write_run_storage
+
+        manifest["storage"] = write_run_storage(
+            output.root, manifest, output, storage_format=config.storage_format,
+            max_tokens_per_shard=config.max_tokens_per_shard,
+        )
+    write_card(output, manifest, weights=res.weights)
+    output.commit(manifest)
+    return manifest
+
+
 def run(
     src: str, dst: str, config: RunConfig, *, address: str | None = None, progress: bool = True,
     timings: Counter[str] | None = None,
@@ -97,10 +120,9 @@ def run(
     import ray
     from ray.data import DataContext
 
-    from etl.engine.commit import commit_parts, merge_counts, merge_timings
-    from etl.output.card import write_card
+    from etl.engine.commit import merge_timings
     from etl.output.ownership import OutputWriter, check_target
-    from etl.pipeline.resources import build_resources, manifest_for
+    from etl.pipeline.resources import build_resources
     from etl.pipeline.run import _inputs
 
     started = time.perf_counter()
@@ -127,19 +149,7 @@ def run(
         with OutputWriter(out, kind="run", keep=holds_inputs) as output:
             staging = output.staging()
             results = _pipeline(sources, res, staging, cpus=_cpus()).take_all()
-            counts = merge_counts(results)
-            assert counts.add_up(), counts
-            commit_parts(output, staging, results)
-            manifest = manifest_for(res, sources, counts)
-            if storage:
-                from etl.output.storage import write_run_storage
-
-                manifest["storage"] = write_run_storage(
-                    out, manifest, output, storage_format=config.storage_format,
-                    max_tokens_per_shard=config.max_tokens_per_shard,
-                )
-            write_card(output, manifest, weights=res.weights)
-            output.commit(manifest)
+            manifest = _finish(res, sources, results, output, staging)
     finally:
         if owns_ray:
             ray.shutdown()
