@@ -21,7 +21,17 @@ from etl.ingest.decompress import open_binary
 from etl.ingest.discover import Source, UnreadableDir, UnreadableFile
 
 Progress = Callable[[int], None]
+# `etl run`'s first chunk of a run: reading and splitting 16 MiB takes ~0.1 s, all of it before the
+# first parse can start; 1 MiB takes ~6 ms, and the next chunk is read while this one parses.
+FIRST_CHUNK_BYTES = 1 << 20
 RAW_SCHEMA = pa.schema([("source_line", pa.int64()), ("line", pa.large_string())])
+
+
+def _numbers(first: int, n: int) -> pa.Array:
+    """int64 `first, first + 1, ...` (n of them). `from_buffers`, not `pa.array`: `pa.array`
+    imports pandas where it is installed (~0.15 s, before the first parse could start)."""
+    numbers = np.arange(first, first + n, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(numbers)])
 
 
 def _lines_from_block(block: bytes, first_line: int) -> pa.Table:
@@ -37,8 +47,7 @@ def _lines_from_block(block: bytes, first_line: int) -> pa.Table:
         ends = np.append(ends, len(buf))
     offsets = np.concatenate(([0], ends)).astype(np.int64)
     lines = pa.LargeStringArray.from_buffers(len(ends), pa.py_buffer(offsets.tobytes()), pa.py_buffer(block))
-    line_no = pa.array(np.arange(first_line, first_line + len(ends), dtype=np.int64))
-    table = pa.table([line_no, lines], schema=RAW_SCHEMA)
+    table = pa.table([_numbers(first_line, len(ends)), lines], schema=RAW_SCHEMA)
     lengths = np.diff(offsets)
     if (lengths <= 2).any():  # only then can a line be blank; skip the check otherwise
         nonblank = pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(lines)), 0)
@@ -66,14 +75,18 @@ def _valid_utf8(block: bytes) -> bytes:
     return b"\n".join(fixed)
 
 
-def _jsonl_chunks(source: Source, chunk_bytes: int, progress: Progress | None = None) -> Iterator[pa.Table]:
+def _jsonl_chunks(
+    source: Source, chunk_bytes: int, progress: Progress | None = None, *, first_bytes: int | None = None
+) -> Iterator[pa.Table]:
     next_line = 0
     rest = b""
     raw: list[BinaryIO] = []
     with open_binary(source, raw) as fh:
         first = True
+        size = first_bytes or chunk_bytes
         while True:
-            data = fh.read(chunk_bytes)
+            data = fh.read(size)
+            size = chunk_bytes
             if first and data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark is not data
                 data, first = data[3:], False
             first = False
@@ -96,19 +109,20 @@ def _jsonl_chunks(source: Source, chunk_bytes: int, progress: Progress | None = 
             yield table
 
 
-def _yield_by_bytes(batches: Iterator[pa.Array], chunk_bytes: int) -> Iterator[pa.Table]:
+def _yield_by_bytes(batches: Iterator[pa.Array], chunk_bytes: int, first_bytes: int | None = None) -> Iterator[pa.Table]:
     """(source_line, line) tables from batches of lines, each cut once its text reaches
-    `chunk_bytes` (so a chunk overshoots by at most one record, however large the batches).
+    `chunk_bytes` (`first_bytes` for the first; so a chunk overshoots by at most one record,
+    however large the batches).
 
     Numbering is continuous, so the output is the same however the input is batched.
     """
     pending: list[pa.Array] = []
     size = first = 0
+    limit = first_bytes or chunk_bytes
 
     def flush() -> pa.Table:
         lines = pa.concat_arrays(pending) if len(pending) > 1 else pending[0]
-        line_no = pa.array(np.arange(first, first + len(lines), dtype=np.int64))
-        return pa.table([line_no, lines], schema=RAW_SCHEMA)
+        return pa.table([_numbers(first, len(lines)), lines], schema=RAW_SCHEMA)
 
     for batch in batches:
         lines = batch.cast(pa.large_string())
@@ -116,7 +130,7 @@ def _yield_by_bytes(batches: Iterator[pa.Array], chunk_bytes: int) -> Iterator[p
             offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)
             offsets = offsets[lines.offset : lines.offset + len(lines) + 1]
             ends = offsets[1:] - offsets[0]  # text bytes through each record
-            take = int(np.searchsorted(ends, chunk_bytes - size, side="left")) + 1
+            take = int(np.searchsorted(ends, limit - size, side="left")) + 1
             if take > len(lines):
                 pending.append(lines)
                 size += int(ends[-1])
@@ -125,7 +139,7 @@ def _yield_by_bytes(batches: Iterator[pa.Array], chunk_bytes: int) -> Iterator[p
             table = flush()
             yield table
             first += table.num_rows
-            pending, size = [], 0
+            pending, size, limit = [], 0, chunk_bytes
             lines = lines.slice(take)
     if pending:
         yield flush()
@@ -134,7 +148,7 @@ def _yield_by_bytes(batches: Iterator[pa.Array], chunk_bytes: int) -> Iterator[p
 JSON_BATCH_RECORDS = 1024  # records fetched from DuckDB at a time (chunks are sized in bytes)
 
 
-def _json_objects(source: Source, fmt: str, chunk_bytes: int) -> Iterator[pa.Table]:
+def _json_objects(source: Source, fmt: str, chunk_bytes: int, first_bytes: int | None) -> Iterator[pa.Table]:
     """Each top-level JSON value of the file as raw text (DuckDB `read_json_objects`).
 
     Raw text, not DuckDB's inferred struct, so a value's own types reach the validator.
@@ -152,7 +166,7 @@ def _json_objects(source: Source, fmt: str, chunk_bytes: int) -> Iterator[pa.Tab
             "maximum_object_size = 1073741824)",
             params={"path": str(source.path), "format": fmt},
         ).to_arrow_reader(JSON_BATCH_RECORDS)
-        yield from _yield_by_bytes((batch.column(0) for batch in reader), chunk_bytes)
+        yield from _yield_by_bytes((batch.column(0) for batch in reader), chunk_bytes, first_bytes)
     except duckdb.Error as exc:
         raise UnreadableFile(f"not readable as JSON ({str(exc).splitlines()[0]})") from exc
     finally:
@@ -176,11 +190,11 @@ def _first_line(source: Source) -> bytes:
                 return body.split(b"\n", 1)[0]
 
 
-def _json_chunks(source: Source, chunk_bytes: int) -> Iterator[pa.Table]:
+def _json_chunks(source: Source, chunk_bytes: int, first_bytes: int | None) -> Iterator[pa.Table]:
     """A .json file: an array of records, one object (possibly pretty-printed), or JSON lines."""
     first_line = _first_line(source)
     if first_line.startswith(b"["):
-        yield from _json_objects(source, "array", chunk_bytes)
+        yield from _json_objects(source, "array", chunk_bytes, first_bytes)
         return
     try:
         import json
@@ -190,15 +204,15 @@ def _json_chunks(source: Source, chunk_bytes: int) -> Iterator[pa.Table]:
     except ValueError:
         one_record_per_line = False
     if one_record_per_line:  # JSON lines named .json: per-line rejects keep working
-        yield from _jsonl_chunks(source, chunk_bytes)
+        yield from _jsonl_chunks(source, chunk_bytes, first_bytes=first_bytes)
     else:  # one or more pretty-printed objects
-        yield from _json_objects(source, "unstructured", chunk_bytes)
+        yield from _json_objects(source, "unstructured", chunk_bytes, first_bytes)
 
 
 PARQUET_BATCH_ROWS = 1024  # at most this many rows converted at a time
 
 
-def _parquet_chunks(source: Source, chunk_bytes: int) -> Iterator[pa.Table]:
+def _parquet_chunks(source: Source, chunk_bytes: int, first_bytes: int | None) -> Iterator[pa.Table]:
     import pyarrow.parquet as pq
 
     from etl.formats.registry import connect
@@ -217,7 +231,7 @@ def _parquet_chunks(source: Source, chunk_bytes: int) -> Iterator[pa.Table]:
                 rows = con.sql("select to_json(b)::varchar as line from batch b").to_arrow_table()
                 yield rows.column(0).combine_chunks()
 
-        yield from _yield_by_bytes(json_lines(), chunk_bytes)
+        yield from _yield_by_bytes(json_lines(), chunk_bytes, first_bytes)
     except (OSError, pa.ArrowInvalid) as exc:
         raise UnreadableFile(f"not a readable Parquet file ({exc})") from exc
     finally:
@@ -225,12 +239,15 @@ def _parquet_chunks(source: Source, chunk_bytes: int) -> Iterator[pa.Table]:
 
 
 def read_chunks(
-    source: Source, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: Progress | None = None
+    source: Source, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: Progress | None = None,
+    first_bytes: int | None = None,
 ) -> Iterator[pa.Table]:
     """Yield bounded `(source_line, line)` tables of one file, in file order.
 
     `progress`, when given, is called with the bytes of the (compressed) file read so far;
     JSON lines report after every block, other kinds once per file (by the caller).
+    `first_bytes`, when given, sizes the first chunk instead of `chunk_bytes` (`etl run` starts
+    small, so parsing starts sooner: `FIRST_CHUNK_BYTES`).
 
     Raises:
         UnreadableFile: the file (or the rest of it) cannot be parsed at all.
@@ -239,11 +256,11 @@ def read_chunks(
         raise UnreadableDir(f"cannot list folder ({source.error})")
     try:
         if source.kind == "jsonl":
-            yield from _jsonl_chunks(source, chunk_bytes, progress)
+            yield from _jsonl_chunks(source, chunk_bytes, progress, first_bytes=first_bytes)
         elif source.kind == "json":
-            yield from _json_chunks(source, chunk_bytes)
+            yield from _json_chunks(source, chunk_bytes, first_bytes)
         else:
-            yield from _parquet_chunks(source, chunk_bytes)
+            yield from _parquet_chunks(source, chunk_bytes, first_bytes)
     except (OSError, EOFError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise

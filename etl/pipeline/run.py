@@ -27,7 +27,7 @@ from etl.errors import EtlError
 from etl.formats.registry import BuilderQuery, connect, run_builder
 from etl.ingest.discover import Source, UnreadableFile, discover, source_root
 from etl.ingest.prefetch import Prefetch
-from etl.ingest.reader import read_chunks
+from etl.ingest.reader import FIRST_CHUNK_BYTES, read_chunks
 from etl.output.card import write_card
 from etl.output.ownership import OutputWriter, check_inputs, check_target
 from etl.output.parquet import REJECTS_SCHEMA
@@ -80,7 +80,8 @@ def _parsed_chunks(
                 return
             position[0] = 0
             try:
-                for raw in read_chunks(source, chunk_bytes=cfg.chunk_bytes, progress=read_through):
+                first = None if parsing.is_set() else min(FIRST_CHUNK_BYTES, cfg.chunk_bytes)
+                for raw in read_chunks(source, chunk_bytes=cfg.chunk_bytes, progress=read_through, first_bytes=first):
                     if budget is not None:  # preprocessing.max_items: stop reading there
                         raw = raw.slice(0, budget)
                         budget -= raw.num_rows

@@ -13,8 +13,7 @@ import time
 
 from etl.config.run_config import RunConfig
 from etl.formats.registry import BuilderQuery, build_query
-from etl.tokens.hf_template import HF, preset
-from etl.tokens.templates import Template
+from etl.tokens.templates import HF, Template, preset
 
 # `etl run --timings` key: seconds from the process's start to the first record's parse.
 STARTUP = "startup"

@@ -40,11 +40,9 @@ from etl.tokens.hf_probe import (
 from etl.tokens.hf_reasoning import block_remover, derive_reasoning
 from etl.tokens.hf_tools import derive_tool_format
 from etl.tokens.loading import load_tokenizer
-from etl.tokens.templates import PRESETS, ReasoningFormat, RoleFormat, Template, get_template
+from etl.tokens.templates import HF, ReasoningFormat, RoleFormat, Template, preset
 from etl.tokens.tokenizer import TextTokenizer
 from etl.tokens.tool_format import ToolFormat
-
-HF = "hf"
 
 
 @dataclass(frozen=True)
@@ -143,12 +141,6 @@ def _assemble(roles: Roles, probe: Probe, *, added: Sequence[AddedToken], notes:
         notes.append(f"the template injects a default system prompt: {roles.default_system!r}")
     return HFTemplate(name=HF, roles=formats, special_tokens=used, eot=eot, bos=bos, eos=eos,
                       notes="; ".join(notes), default_system=roles.default_system)
-
-
-def preset(name: str) -> Template:
-    if name not in PRESETS:
-        raise EtlError(f"unknown template {name!r}; choose one of: {', '.join(sorted([*PRESETS, HF]))}")
-    return get_template(name)
 
 
 def resolve_template_name(name: str, tokenizer: TextTokenizer) -> Template:

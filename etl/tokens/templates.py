@@ -147,11 +147,21 @@ PRESETS: dict[str, Template] = {
 }
 
 
+HF = "hf"  # the template derived from a tokenizer's chat_template (`etl.tokens.hf_template`)
+
+
 def get_template(name: str) -> Template:
     """Look up a preset by name (the `hf` template is derived from a tokenizer instead)."""
     if name not in PRESETS:
         raise EtlError(f"unknown template {name!r}; choose one of: {', '.join(sorted(PRESETS))}")
     return PRESETS[name]
+
+
+def preset(name: str) -> Template:
+    """`get_template`, with `hf` among the names an error lists (it is a `--template` choice)."""
+    if name not in PRESETS:
+        raise EtlError(f"unknown template {name!r}; choose one of: {', '.join(sorted([*PRESETS, HF]))}")
+    return get_template(name)
 
 
 @dataclass(frozen=True)

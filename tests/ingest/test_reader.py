@@ -133,3 +133,26 @@ def test_json_lines_with_long_first_line(tmp_path: Path) -> None:
     assert err is None
     assert [n for n, _ in recs] == [0, 1, 2]  # per-line records: the broken one is its own reject
     assert recs[2][1].strip() == "{broken"
+
+
+def _lines_by_chunk(path: Path, **kwargs) -> list[list[tuple[int, str]]]:
+    return [list(zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True))
+            for t in read_chunks(_source(path), **kwargs)]
+
+
+def test_first_bytes_sizes_only_the_first_chunk(tmp_path: Path) -> None:
+    """JSONL, a JSON array and Parquet: a small first chunk, then chunk_bytes; same records."""
+    rows = [{"i": i, "t": "x" * 40} for i in range(3000)]  # ~55 bytes a record
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_bytes(_jsonl(3000, pad=40))
+    array = tmp_path / "b.json"
+    array.write_text(json.dumps(rows))
+    parquet = tmp_path / "c.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    for path in (jsonl, array, parquet):
+        whole = _lines_by_chunk(path, chunk_bytes=50_000)
+        ramped = _lines_by_chunk(path, chunk_bytes=50_000, first_bytes=5_000)
+        assert [r for chunk in ramped for r in chunk] == [r for chunk in whole for r in chunk], path
+        sizes = [sum(len(line.encode()) for _, line in chunk) for chunk in ramped[:-1]]
+        limits = [5_000] + [50_000] * (len(sizes) - 1)
+        assert all(limit - 100 <= size <= limit + 100 for size, limit in zip(sizes, limits, strict=True)), (path, sizes)
