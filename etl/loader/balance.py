@@ -2,7 +2,8 @@
 nearly the same number of real tokens.
 
 Pure numpy over the whole epoch, a function of the epoch order and the token counts only, so
-every rank computes the same assignment with no communication. Dealers sit in `BALANCERS`.
+every rank computes the same assignment with no communication. Dealers sit in `BALANCERS`;
+moving items between the steps of a window (before and after dealing) is in `balance_regroup`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from etl.errors import EtlError
+from etl.loader.balance_regroup import regroup_steps, swap_across_steps
 
 
 class BalanceFn(Protocol):
@@ -53,9 +55,9 @@ def deal_greedy(costs: np.ndarray, *, world_size: int) -> np.ndarray:
     per_rank = n // world_size
     order = np.argsort(-costs, axis=1, kind="stable")
     dealt = np.empty((steps, world_size, per_rank), dtype=np.int64)
-    load = np.zeros((steps, world_size), dtype=costs.dtype)
+    load = np.zeros((steps, world_size), dtype=np.float64)  # any cost dtype; exact below 2**53 tokens
     count = np.zeros((steps, world_size), dtype=np.int64)
-    every, full = np.arange(steps), np.iinfo(np.int64).max
+    every, full = np.arange(steps), np.inf
     for slot in range(n):
         item = order[:, slot]
         rank = np.where(count < per_rank, load, full).argmin(axis=1)  # ties: lowest rank
@@ -136,49 +138,9 @@ def _best_swaps(
 BALANCERS: dict[str, BalanceFn] = {"snake": deal_snake, "greedy": deal_greedy, "swap": deal_swap}
 
 
-def regroup_steps(costs: np.ndarray, *, window: int, world_size: int) -> np.ndarray:
-    """A permutation that moves items between the steps of each window of ``window`` steps.
-
-    The window's items are sorted by tokens and cut into groups of W alike items; group g goes to
-    step g mod k of the window, so step 0 gets the W longest items, step 1 the next W, and so on
-    round the window. Every step then holds B groups of near-equal items, which any dealer
-    balances across ranks, whereas a step drawn at random may hold one 2048-token row among short
-    ones, which no dealing balances at small B. Trade-off: a row moves by fewer than ``window``
-    steps, a step's rows are no longer a uniform draw (each step is a stratified sample of its
-    window: the W longest rows of a window land in one step), and tokens per step vary more (T0,
-    B=8, W=8, window 8: coefficient of variation 0.29 against 0.15). It cannot help a lone
-    outlier: bfd's one short pack on T0 (1,181 tokens among packs of 2,010-2,048) keeps its step
-    at 1.053 whatever the window. A last window of fewer steps is regrouped alone.
-
-    Args:
-        costs: (steps, W * B) tokens of each step's items, in epoch order.
-        window: steps per window; 1 leaves every step as drawn.
-        world_size: W.
-
-    Returns:
-        (steps, W * B) int64 positions into ``costs.ravel()``: row j is step j's items.
-    """
-    steps, n = costs.shape
-    perm = np.arange(steps * n, dtype=np.int64).reshape(steps, n)
-    whole = steps // window * window
-    for first, last in ((0, whole), (whole, steps)):
-        k = min(window, last - first)
-        if k > 1:
-            block = perm[first:last].reshape(-1, k * n)
-            mine = _regroup_windows(costs[first:last].reshape(-1, k * n), steps=k, world_size=world_size)
-            perm[first:last] = np.take_along_axis(block, mine, axis=1).reshape(-1, n)
-    return perm
-
-
-def _regroup_windows(costs: np.ndarray, *, steps: int, world_size: int) -> np.ndarray:
-    """(windows, steps * n) costs -> positions inside each window, regrouped step by step."""
-    sorted_ = np.argsort(-costs, axis=1, kind="stable")
-    group = np.arange(costs.shape[1]) // world_size
-    return sorted_[:, np.argsort(group % steps, kind="stable")]
-
-
-# Steps regrouped before dealing when balancing is on: the smallest window that brings every
-# T0 step (B=8, 8 ranks) within 1.05 (bench/token_balance.py); rows move by fewer than 8 steps.
+# Steps regrouped when balancing is on: every T0 step (B=8, 8 ranks, padded and packed) ends
+# within 1.05 with room (worst 1.042; window 4 leaves 1.049, bench/token_balance.py); rows move
+# by fewer than 8 steps.
 DEFAULT_WINDOW = 8
 
 
@@ -188,8 +150,9 @@ class TokenBalance:
 
     Attributes:
         strategy: a key of `BALANCERS` (``swap``: the best balance, ~0.1 s an epoch of 55k rows).
-        window: steps whose items are regrouped before dealing (`regroup_steps`); 1 keeps every
-            step's items exactly as the unbalanced sampler draws them and only changes their rank
+        window: steps whose items are regrouped before dealing (`regroup_steps`) and swapped
+            after it where a step stays uneven (`swap_across_steps`); 1 keeps every step's
+            items exactly as the unbalanced sampler draws them and only changes their rank
             (T0, B=8: worst step 1.59 instead of 1.01, since one long row among short ones cannot
             be dealt evenly).
     """
@@ -225,7 +188,7 @@ class TokenBalance:
 
         Returns:
             ``(steps (S, W, B), last (W, b) or None)`` int64 item ids; a rank's batch lists its
-            items in the order the step holds them (epoch order when ``window`` is 1).
+            items in the order its window holds them (epoch order when ``window`` is 1).
         """
         per_step = batch_size * world_size
         if drop_last:
@@ -240,10 +203,13 @@ class TokenBalance:
         return self._deal_steps(head, costs, world_size), last
 
     def _deal_steps(self, items: np.ndarray, costs: np.ndarray, world_size: int) -> np.ndarray:
-        """(steps, n) item ids -> (steps, W, n / W) ids dealt by `BALANCERS[strategy]`."""
-        dealt = BALANCERS[self.strategy](costs[items], world_size=world_size)
-        dealt.sort(axis=2)  # the step's order, not the dealer's (which is by size)
-        return items[np.arange(len(items))[:, None, None], dealt]
+        """(steps, n) item ids -> (steps, W, n / W) ids dealt by `BALANCERS[strategy]`, then
+        swapped between the steps of a window where one stays uneven (`swap_across_steps`)."""
+        step_costs = costs[items]
+        dealt = BALANCERS[self.strategy](step_costs, world_size=world_size)
+        dealt = swap_across_steps(step_costs, dealt, window=self.window)
+        dealt.sort(axis=2)  # the window's order, not the dealer's (which is by size)
+        return items.ravel()[dealt]
 
     def split(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
@@ -18,6 +19,7 @@ from etl.loader.balance import (
     regroup_steps,
     token_balance,
 )
+from etl.loader.balance_regroup import swap_across_steps
 from etl.loader.samplers import EpochSampler, RandomSampler, split_for_rank
 
 
@@ -49,6 +51,92 @@ def test_regroup_golden() -> None:
     perm = regroup_steps(costs, window=2, world_size=2)
     assert costs.ravel()[perm].tolist() == [[9, 8, 5, 4], [7, 6, 3, 2]]
     assert regroup_steps(costs, window=1, world_size=2).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def best_worst_step(costs: np.ndarray) -> float:
+    """Brute force, W=2, B=3, 2 steps: the lowest worst max/min of any assignment (46,200)."""
+    best = np.inf
+    for rest in itertools.combinations(range(1, 12), 5):
+        worst = 0.0
+        for step in ((0, *rest), tuple(i for i in range(1, 12) if i not in rest)):
+            held = costs[list(step)]
+            worst = max(worst, min(max(a, held.sum() - a) / min(a, held.sum() - a)
+                                   for a in (held[[0, *p]].sum()
+                                             for p in itertools.combinations(range(1, 6), 2))))
+        best = min(best, worst)
+    return best
+
+
+@pytest.mark.parametrize("strategy", sorted(BALANCERS))
+def test_window_swaps_give_a_light_item_heavy_partners(strategy: str) -> None:
+    # W=2, B=3, window 2: ten items of 90-130 and one of 40. Regrouped (sorted, groups of W, group
+    # g to step g % 2), step 1 holds 100 100 100 100 90 40: the rank with the 40 gets at most
+    # 40 + 100 + 100 = 240 against 265 a rank on average, so no dealing of it beats 265 / 240.
+    costs = np.array([100, 130, 90, 100, 100, 100, 40, 100, 130, 100, 100, 100])
+    regrouped = costs.reshape(2, 6).ravel()[regroup_steps(costs.reshape(2, 6), window=2, world_size=2)]
+    assert regrouped.tolist() == [[130, 130, 100, 100, 100, 100], [100, 100, 100, 100, 90, 40]]
+    assert imbalance_floor(regrouped, world_size=2)[1] == pytest.approx(265 / 240)
+    # Swapping across the window: the 40 gets both 130s (300), its partner rank the lightest
+    # three (90 + 100 + 100 = 290): 300 / 290, the best of all 46,200 assignments.
+    steps, _ = TokenBalance(strategy, window=2).deal(
+        np.arange(12), costs, batch_size=3, world_size=2, drop_last=True
+    )
+    assert sorted(costs[steps[1]].sum(axis=1).tolist() + costs[steps[0]].sum(axis=1).tolist()) == [
+        290, 300, 300, 300]
+    assert imbalance(costs[steps].sum(axis=2)).max() == pytest.approx(300 / 290)
+    assert best_worst_step(costs) == pytest.approx(300 / 290)
+
+
+def test_window_swaps_bring_a_short_pack_within_5_percent() -> None:
+    # Like T0's bfd packs: 511 packs of 2010-2048 tokens (80% full) and one short pack of 1181,
+    # B=8, W=8, window 8. The rank with the short pack holds at most 1181 + 7 x 2048, another rank
+    # of its step at least the mean of the 7 x 8 lightest other packs: a bound on any deal.
+    rng = np.random.default_rng(0)
+    costs = np.append(np.where(rng.random(511) < 0.2, rng.integers(2010, 2048, 511), 2048), 1181)
+    order = rng.permutation(512)
+    drawn = costs[order].reshape(8, 64)
+    regrouped = drawn.ravel()[regroup_steps(drawn, window=8, world_size=8)]
+    before = imbalance(loads(regrouped, BALANCERS["swap"](regrouped, world_size=8)))
+    steps, _ = TokenBalance("swap", window=8).deal(
+        order, costs, batch_size=8, world_size=8, drop_last=True
+    )
+    after = imbalance(costs[steps].sum(axis=2))
+    bound = np.sort(costs[:511])[:56].sum() / 7 / (1181 + 7 * 2048)
+    assert before.max() > 1.05 >= after.max() >= bound
+    assert after.max() < bound * 1.001
+    assert after.mean() <= before.mean()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    steps=st.integers(1, 7),
+    world=st.integers(1, 4),
+    per_rank=st.integers(1, 4),
+    window=st.integers(1, 4),
+    seed=st.integers(0, 1000),
+    strategy=st.sampled_from(sorted(BALANCERS)),
+)
+def test_window_swaps_deal_every_item_once_inside_its_window(
+    steps: int, world: int, per_rank: int, window: int, seed: int, strategy: str
+) -> None:
+    # Items of 50-100 tokens, a tenth of them 1-10 (light outliers); tolerance 0 swaps wherever
+    # a window's worst step can improve.
+    rng = np.random.default_rng(seed)
+    n = world * per_rank
+    costs = np.where(rng.random((steps, n)) < 0.1, rng.integers(1, 11, (steps, n)),
+                     rng.integers(50, 101, (steps, n)))
+    dealt = BALANCERS[strategy](costs, world_size=world)
+    swapped = swap_across_steps(costs, dealt, window=window, tolerance=0.0)
+    assert swapped.shape == (steps, world, per_rank) and swapped.dtype == np.int64
+    assert (np.sort(swapped, axis=None) == np.arange(steps * n)).all()
+    home = np.arange(steps)[:, None, None] // window  # a shorter last window is one window too
+    assert (swapped // n // window == home).all()
+    before = imbalance(loads(costs, dealt))
+    after = imbalance(costs.ravel()[swapped].sum(axis=2))
+    for first in range(0, steps, window):  # no window's worst step gets worse
+        assert after[first : first + window].max() <= before[first : first + window].max() + 1e-12
+    if window == 1 or world == 1:
+        assert (swapped == dealt + np.arange(steps)[:, None, None] * n).all()
 
 
 @settings(max_examples=60, deadline=None)
@@ -195,3 +283,12 @@ def test_sampler_resume_and_fingerprint() -> None:
     make().load_state_dict(old)
     with pytest.raises(EtlError, match="tokens of every row"):
         make(costs=costs[:10])
+
+
+def test_every_dealer_takes_any_integer_or_float_costs() -> None:
+    """int32 costs overflowed deal_greedy's stand-in for a full rank (an IndexError)."""
+    costs = np.array([[5, 1, 4, 2, 3, 3, 9, 1]], dtype=np.int64)
+    for name, deal in BALANCERS.items():
+        expected = deal(costs, world_size=2)
+        for dtype in (np.int32, np.uint16, np.float32):
+            assert np.array_equal(deal(costs.astype(dtype), world_size=2), expected), (name, dtype)
