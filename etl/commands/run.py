@@ -9,8 +9,9 @@ from typing import Any
 
 NAME = "run"
 HELP = "tokenize, mask and truncate raw conversations into Parquet"
-DESCRIPTION = """Read SRC (a .jsonl/.json/.parquet file, optionally .gz/.zst, a directory or a glob),
-and write DST/data, DST/turns, DST/_rejects and DST/_manifest.json.
+DESCRIPTION = """Read SRC (a .jsonl/.json/.parquet file, optionally .gz/.zst, a directory or a glob,
+or a URI: file://, s3://, gs://, ...), and write DST/data, DST/turns, DST/_rejects and
+DST/_manifest.json (DST: a path or a file:// URI).
 
 exit status: 0 done; 2 an error (nothing finished); 3 done, but some input could not be
 read to its end (a warning names it and what was salvaged).
@@ -18,6 +19,7 @@ read to its end (a warning names it and what was salvaged).
 examples:
   etl run examples/raw parquet/
   etl run chats.jsonl out/ --tokenizer path/to/qwen2.5 --template chatml --seq-len 4096
+  etl run s3://bucket/raw/ out/          # credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
 """
 
 
@@ -25,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # The settings' flags (type, choices, help, default) come from their declarations.
     from etl.config.flags import add_flags
 
-    p.add_argument("src", help="input file, directory or glob")
+    p.add_argument("src", help="input file, directory or glob, or a URI pyarrow reads (file://, s3://, gs://; "
+                   "options such as ?endpoint_override=HOST:PORT in the URI)")
     p.add_argument("dst", help="output directory: new, empty, or an earlier etl output (only the files "
                    "its manifest lists are replaced)")
     p.add_argument("--config", help="JSON or TOML config file (seed-004 schema; keys: `etl config`); "

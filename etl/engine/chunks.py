@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from etl.ingest.discover import Source, UnreadableFile
-from etl.ingest.reader import read_chunks
+from etl.ingest.reader import read_chunks, run_first_bytes
 
 FILE, CHUNK, TABLE, ERROR, REASON, RECORDS_READ = "file", "chunk", "table", "error", "reason", "records_read"
 CHUNK_SCHEMA = pa.schema(
@@ -95,7 +95,7 @@ def raw_chunks(
             return
         number = records = 0
         try:
-            for raw in read_chunks(source, chunk_bytes=chunk_bytes):
+            for raw in read_chunks(source, chunk_bytes=chunk_bytes, first_bytes=run_first_bytes(index, chunk_bytes)):
                 if budget is not None:
                     raw = raw.slice(0, budget)
                     budget -= raw.num_rows

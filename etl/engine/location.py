@@ -1,29 +1,16 @@
-"""SRC and DST given as URIs: `file://` URIs and plain paths are local (or shared) paths.
+"""SRC and DST given as URIs on Ray: the same rules as the local engine (`etl.ingest.location`).
 
-pyarrow's filesystems (`pyarrow.fs.FileSystem.from_uri`) name every scheme etl could read; the
-Ray engine resolves SRC and DST through them so a `file://` URI is the path it names. Object
-stores (s3://, gs://) are refused with a clear error for now: etl's reader, its lock and its
-renames work on files (see README "Running on Ray": put the data on shared storage).
+SRC may be a path, a `file://` URI (its path) or any URI pyarrow's filesystems read (`s3://`,
+`gs://`, `hdfs://`, ...): the driver lists it, and each worker opens its files itself from the URI
+a `Source` carries (`etl.ingest.discover.ObjectPath`), with the credentials it finds on its node.
+DST must be a path or a `file://` URI that every node sees at the same place (shared storage): an
+object store cannot hold DST's lock, renames and manifest-last commit, so it is refused with that
+advice (write to shared storage, then upload). The function lives in `etl.ingest.location`,
+which the local engine uses too; this name stays for the Ray driver.
 """
 
 from __future__ import annotations
 
-from etl.errors import EtlError
+from etl.ingest.location import local_path
 
-
-def local_path(location: str, *, what: str) -> str:
-    """The filesystem path of `location` (a path or a file:// URI)."""
-    if "://" not in location:
-        return location
-    from pyarrow.fs import FileSystem, LocalFileSystem
-
-    try:
-        fs, path = FileSystem.from_uri(location)
-    except (ValueError, OSError) as exc:
-        raise EtlError(f"{what} {location}: not a location pyarrow can open ({exc})") from exc
-    if not isinstance(fs, LocalFileSystem):
-        raise EtlError(
-            f"{what} {location}: {fs.type_name} URIs are not supported yet; mount the bucket on every "
-            "node (e.g. s3fs, gcsfuse, a shared filesystem) and pass its path"
-        )
-    return path
+__all__ = ["local_path"]

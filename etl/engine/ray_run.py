@@ -79,10 +79,27 @@ def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int) -> Any:
         parsed = parsed.join(earlier, "left_outer", num_partitions=partitions, on=("file", "chunk"))
         parsed = parsed.repartition(target_num_rows_per_block=1)
     return parsed.map_batches(
-        ChunkProcessor, fn_constructor_kwargs={"config": cfg, "sources": sources, "staging": str(staging)},
+        ChunkProcessor, fn_constructor_kwargs={"config": for_workers(cfg), "sources": sources, "staging": str(staging)},
         batch_size=1, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1,
         runtime_env={"env_vars": {"RAYON_NUM_THREADS": str(THREADS_PER_ACTOR)}},
     )
+
+
+def for_workers(config: RunConfig) -> RunConfig:
+    """The config as workers need it: a tokenizer path made absolute, since a worker's working
+    directory is its node's (a `ray start` cluster's, not the driver's)."""
+    if config.tokenizer == "bytes" or not Path(config.tokenizer).exists():
+        return config
+    return dataclasses.replace(config, tokenizer=str(Path(config.tokenizer).absolute()))
+
+
+def worker_error(exc: Exception) -> EtlError:
+    """One line for a worker's failure: the etl error it raised if any, with what to check."""
+    text = str(exc)
+    lines = [line for line in text.splitlines() if line.startswith("etl.errors.EtlError: ")]
+    why = lines[-1].removeprefix("etl.errors.EtlError: ") if lines else (text.splitlines() or [type(exc).__name__])[-1]
+    return EtlError(f"--engine ray: a worker failed: {why}; every node must see SRC, DST and the tokenizer "
+                    "at the same absolute paths, with the same etl installed")
 
 
 def _finish(res: Any, sources: list[Any], results: list[dict[str, Any]], output: Any, staging: Path) -> dict[str, Any]:
@@ -130,7 +147,7 @@ def run(
     if out.exists() and not out.is_dir():
         raise EtlError(f"DST {dst} is a file; pass a folder (it is created if missing)")
     storage = config.storage_format != "parquet"
-    sources, holds_inputs = _inputs(local_path(src, what="SRC"), out, storage=storage)
+    sources, holds_inputs = _inputs(src, out, storage=storage)  # a URI SRC: workers open its files
     check_target(out, keep=holds_inputs)
     if config.storage_format == "h5":
         from etl.output.storage_backends import require_h5py
@@ -148,7 +165,10 @@ def run(
             logging.getLogger("ray.data").setLevel(logging.ERROR)
         with OutputWriter(out, kind="run", keep=holds_inputs) as output:
             staging = output.staging()
-            results = _pipeline(sources, res, staging, cpus=_cpus()).take_all()
+            try:
+                results = _pipeline(sources, res, staging, cpus=_cpus()).take_all()
+            except ray.exceptions.RayError as exc:  # a worker's error, as one line (the journal cleans up)
+                raise worker_error(exc) from exc
             manifest = _finish(res, sources, results, output, staging)
     finally:
         if owns_ray:

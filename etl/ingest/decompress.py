@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from etl.ingest.discover import Source, UnreadableFile
@@ -105,7 +106,12 @@ class DecompressedStream:
 
 def open_binary(source: Source, raw: list[BinaryIO] | None = None) -> BinaryIO:
     """The decompressed byte stream; `raw` receives the file object under it (for tell())."""
-    fh = open(source.path, "rb")  # noqa: SIM115 (closed by the stream that wraps it)
+    if isinstance(source.path, Path):
+        fh = open(source.path, "rb")  # noqa: SIM115 (closed by the stream that wraps it)
+    else:  # SRC given as an s3://, gs://... URI: streamed through pyarrow
+        from etl.ingest.objects import open_stream
+
+        fh = open_stream(source.path)  # type: ignore[assignment]
     if raw is not None:
         raw.append(fh)
     if source.compression in ("gzip", "zstd"):

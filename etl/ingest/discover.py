@@ -3,20 +3,68 @@
 A file's kind and compression come from its name (`classify`); hidden and underscore-prefixed
 paths are skipped; a folder that cannot be listed becomes a `Source` of kind `dir`, which the
 reader turns into `UnreadableDir`. `UnreadableFile` lives here too, below the reader and the
-decompressor that both raise it.
+decompressor that both raise it. SRC given as a URI is listed by `etl.ingest.objects` into
+`Source`s whose path is an `ObjectPath`; this module only tells a URI from a path (`is_uri`).
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from etl.errors import EtlError
 
 KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+# `scheme://` (RFC 3986: a letter, then letters, digits, + - .); two characters at least, so
+# that a Windows drive (`C://x`) stays a path.
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://")
+
+
+def is_uri(location: str) -> bool:
+    """SRC or DST is a URI (`file://`, `s3://`, ...), resolved through pyarrow's filesystems."""
+    return _SCHEME.match(location) is not None
+
+
+class ObjectStat(NamedTuple):
+    """What `os.stat_result` the engines read of an input: its size."""
+
+    st_size: int
+
+
+@dataclass(frozen=True)
+class ObjectPath:
+    """An input file in a filesystem named by a URI (`s3://`, `gs://`, ...).
+
+    It carries SRC's URI, not a filesystem object, so a `Source` pickles to Ray workers and each
+    worker opens the file with its own credentials (`etl.ingest.objects`). It answers the few
+    `Path` calls the engines make on a source (`stat().st_size`, `absolute()`, `resolve()`)
+    from the listing, without a request; it has no `__fspath__`, so nothing opens it as a local file.
+    """
+
+    root: str  # SRC as given: the URI whose filesystem holds `key`, with its options
+    key: str  # the file's path in that filesystem (`bucket/prefix/a.jsonl`)
+    size: int  # bytes, from the listing
+
+    def stat(self) -> ObjectStat:
+        return ObjectStat(self.size)
+
+    def absolute(self) -> ObjectPath:
+        return self
+
+    def resolve(self) -> ObjectPath:
+        return self
+
+    @property
+    def parents(self) -> tuple[Path, ...]:
+        return ()  # no local folder holds it (DST is one)
+
+    def __str__(self) -> str:  # the object's URI, without SRC's options or a user:secret@ part
+        return f"{self.root.split('://', 1)[0]}://{self.key}"
 
 
 @dataclass(frozen=True)
@@ -27,7 +75,7 @@ class Source:
     it as a rejected record (`unreadable_dir`) instead of skipping what it holds unseen.
     """
 
-    path: Path
+    path: Path | ObjectPath
     name: str
     kind: str
     compression: str | None
@@ -75,7 +123,8 @@ def source_root(src: str) -> Path:
     return root.parent if root.is_file() else _glob_base(src)
 
 
-def _hidden(part: str) -> bool:
+def hidden(part: str) -> bool:
+    """A hidden or underscore-prefixed name (`.ipynb_checkpoints`, `_old`): not input."""
     return part.startswith((".", "_")) and part not in (".", "..")
 
 
@@ -91,7 +140,7 @@ def _walk(root: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
         unreadable.append((Path(exc.filename or root), exc.strerror or str(exc)))
 
     for folder, dirs, names in os.walk(root, onerror=failed, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not _hidden(d))
+        dirs[:] = sorted(d for d in dirs if not hidden(d))
         files += [Path(folder) / n for n in names if (Path(folder) / n).is_file()]
     return files, unreadable
 
@@ -120,7 +169,7 @@ def discover(src: str) -> list[Source]:
         if kind is None:
             continue
         name = _name(path, base)
-        if any(_hidden(part) for part in Path(name).parts):
+        if any(hidden(part) for part in Path(name).parts):
             continue
         sources.append(Source(path=path, name=name, kind=kind[0], compression=kind[1]))
     if not sources:

@@ -9,6 +9,8 @@ Parquet go through DuckDB / pyarrow batch readers. Memory is bounded by `chunk_b
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -24,6 +26,12 @@ Progress = Callable[[int], None]
 # `etl run`'s first chunk of a run: reading and splitting 16 MiB takes ~0.1 s, all of it before the
 # first parse can start; 1 MiB takes ~6 ms, and the next chunk is read while this one parses.
 FIRST_CHUNK_BYTES = 1 << 20
+
+
+def run_first_bytes(index: int, chunk_bytes: int) -> int | None:
+    """`read_chunks`' `first_bytes` for a run's input file `index` (both engines: the same parts)."""
+    return min(FIRST_CHUNK_BYTES, chunk_bytes) if index == 0 else None
+
 RAW_SCHEMA = pa.schema([("source_line", pa.int64()), ("line", pa.large_string())])
 
 
@@ -161,16 +169,27 @@ def _json_objects(source: Source, fmt: str, chunk_bytes: int, first_bytes: int |
 
     con = connect(threads=1)
     try:
-        reader = con.sql(
-            "select json::varchar as line from read_json_objects($path, format = $format, "
-            "maximum_object_size = 1073741824)",
-            params={"path": str(source.path), "format": fmt},
-        ).to_arrow_reader(JSON_BATCH_RECORDS)
-        yield from _yield_by_bytes((batch.column(0) for batch in reader), chunk_bytes, first_bytes)
+        with _local_file(source) as path:
+            reader = con.sql(
+                "select json::varchar as line from read_json_objects($path, format = $format, "
+                "maximum_object_size = 1073741824)",
+                params={"path": str(path), "format": fmt},
+            ).to_arrow_reader(JSON_BATCH_RECORDS)
+            yield from _yield_by_bytes((batch.column(0) for batch in reader), chunk_bytes, first_bytes)
     except duckdb.Error as exc:
         raise UnreadableFile(f"not readable as JSON ({str(exc).splitlines()[0]})") from exc
     finally:
         con.close()
+
+
+def _local_file(source: Source) -> AbstractContextManager[Path]:
+    """The file's local path: DuckDB reads local files only, so a file of a URI SRC (s3://,
+    gs://...) is copied to a temporary file first (`etl.ingest.objects.local_copy`)."""
+    if isinstance(source.path, Path):
+        return nullcontext(source.path)
+    from etl.ingest.objects import local_copy
+
+    return local_copy(source.path)
 
 
 def _first_line(source: Source) -> bytes:
@@ -219,7 +238,12 @@ def _parquet_chunks(source: Source, chunk_bytes: int, first_bytes: int | None) -
 
     con = connect(threads=1)
     try:
-        pf = pq.ParquetFile(source.path)
+        if isinstance(source.path, Path):
+            pf = pq.ParquetFile(source.path)
+        else:  # SRC given as a URI: read by ranges through pyarrow's filesystem
+            from etl.ingest.objects import parquet_file
+
+            pf = parquet_file(source.path)
         meta = pf.metadata
         groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
         row_bytes = max((g.total_byte_size / max(1, g.num_rows) for g in groups), default=1.0)

@@ -25,9 +25,9 @@ from etl import columns as c
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 from etl.formats.registry import BuilderQuery, connect, run_builder
-from etl.ingest.discover import Source, UnreadableFile, discover, source_root
+from etl.ingest.discover import Source, UnreadableFile, discover, is_uri, source_root
 from etl.ingest.prefetch import Prefetch
-from etl.ingest.reader import FIRST_CHUNK_BYTES, read_chunks
+from etl.ingest.reader import read_chunks, run_first_bytes
 from etl.output.card import write_card
 from etl.output.ownership import OutputWriter, check_inputs, check_target
 from etl.output.parquet import REJECTS_SCHEMA
@@ -75,12 +75,12 @@ def _parsed_chunks(
         position[0] = offset
 
     try:
-        for source in sources:
+        for index, source in enumerate(sources):
             if budget == 0:
                 return
             position[0] = 0
+            first = run_first_bytes(index, cfg.chunk_bytes)
             try:
-                first = None if parsing.is_set() else min(FIRST_CHUNK_BYTES, cfg.chunk_bytes)
                 for raw in read_chunks(source, chunk_bytes=cfg.chunk_bytes, progress=read_through, first_bytes=first):
                     if budget is not None:  # preprocessing.max_items: stop reading there
                         raw = raw.slice(0, budget)
@@ -103,8 +103,18 @@ def _parsed_chunks(
 def _inputs(src: str, out: Path, *, storage: bool) -> tuple[list[Source], list[Path]]:
     """The input files, and the entries of DST that hold them when SRC lies inside DST.
 
-    DST is never read as input: when it lies inside SRC its files are skipped.
+    DST is never read as input: when it lies inside SRC its files are skipped. SRC may be a URI:
+    `file://` is its path; another filesystem's (s3://, gs://...) is listed through pyarrow and
+    cannot hold DST, a local folder.
     """
+    if is_uri(src):
+        from etl.ingest.location import local_or_none
+
+        if (path := local_or_none(src)) is None:
+            from etl.ingest.objects import discover_objects
+
+            return discover_objects(src), []
+        src = path
     root = source_root(src)
     src_inside = check_inputs(out, root, storage=storage)
     sources = discover(src)
@@ -164,6 +174,18 @@ def _finish(res: Resources, sources: list[Source], state: RunState, output: Outp
     return manifest
 
 
+def _target(dst: str) -> Path:
+    """DST's folder: a path, or a file:// URI's path (an object store is refused, saying why)."""
+    if is_uri(dst):
+        from etl.ingest.location import local_path
+
+        dst = local_path(dst, what="DST")
+    out = Path(dst)
+    if out.exists() and not out.is_dir():
+        raise EtlError(f"DST {dst} is a file; pass a folder (it is created if missing)")
+    return out
+
+
 def run(
     src: str, dst: str, config: RunConfig, *, progress: bool = True, timings: Counter[str] | None = None
 ) -> dict[str, Any]:
@@ -174,9 +196,7 @@ def run(
     `timings`, when given, receives wall seconds per stage (kept out of the manifest, which
     must be byte-identical across runs).
     """
-    out = Path(dst)
-    if out.exists() and not out.is_dir():
-        raise EtlError(f"DST {dst} is a file; pass a folder (it is created if missing)")
+    out = _target(dst)
     storage = config.storage_format != "parquet"
     sources, holds_inputs = _inputs(src, out, storage=storage)
     check_target(out, keep=holds_inputs)  # before the tokenizer loads: refuse in milliseconds

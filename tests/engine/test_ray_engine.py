@@ -1,5 +1,5 @@
 """`etl run --engine ray` against the local engine: same files, rows and counts; a killed run
-never looks finished and its rerun completes.
+never looks finished and its rerun completes; an s3:// SRC (a local moto server) reads as a folder.
 
 One local Ray cluster (2 CPUs, HOME and its temp dir in a temporary folder) serves the module; a
 file lock keeps two xdist workers from running clusters at once.
@@ -25,6 +25,8 @@ import pytest
 
 from etl.config.run_config import RunConfig
 from etl.pipeline.run import run as run_local
+from tests.ingest.s3_server import S3, s3_environment, s3_server
+from tests.ingest.test_uri import _raw
 
 ray = pytest.importorskip("ray")
 from etl.engine.ray_run import run as run_ray
@@ -44,12 +46,16 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     home = Path(tempfile.mkdtemp(prefix="etl-ray-"))  # short: Ray's socket paths have a length limit
     old_home = os.environ.get("HOME")
     os.environ["HOME"] = str(home)  # Ray 2.60 writes ~/.ray/auth_token
+    aws = pytest.MonkeyPatch()  # the workers inherit it: fake credentials for the s3:// SRC test
+    for name, value in s3_environment(home).items():
+        aws.setenv(name, value)
     try:
         info = ray.init(num_cpus=2, _temp_dir=str(home / "t"), include_dashboard=False,
                         configure_logging=False, log_to_driver=False)
         yield {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO), "RAY_ADDRESS": info.address_info["address"]}
     finally:
         ray.shutdown()
+        aws.undo()
         os.environ["HOME"] = old_home if old_home is not None else ""
         shutil.rmtree(home, ignore_errors=True)
         lock.close()
@@ -142,4 +148,46 @@ def test_ray_equals_local_on_t0(ray_cluster: dict[str, str], tmp_path: Path) -> 
     local = run_local(str(T0), str(tmp_path / "local"), config, progress=False)
     assert local["counts"]["dropped"]["duplicate"] > 0 and local["counts"]["written"] > 1000
     run_ray(str(T0), str(tmp_path / "ray"), config, progress=False)
+    _same(tmp_path / "local", tmp_path / "ray")
+
+
+def test_workers_get_an_absolute_tokenizer_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `ray start` cluster's workers run in the cluster's folder, not the driver's: a relative
+    tokenizer path reached them as 'does not exist' (found with `--tokenizer ../shared/...`)."""
+    from etl.engine.ray_run import for_workers
+
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert for_workers(RunConfig(tokenizer="tok")).tokenizer == str(tmp_path / "tok")
+    assert for_workers(RunConfig()).tokenizer == "bytes"
+    assert for_workers(RunConfig(tokenizer="missing")).tokenizer == "missing"  # the driver reports it
+
+
+def test_a_worker_error_is_one_line_with_what_to_check() -> None:
+    from etl.engine.ray_run import worker_error
+
+    died = ("The actor died because of an error raised in its creation task\n  File \"x.py\", line 24\n"
+            "etl.errors.EtlError: tokenizer tok does not exist; pass `bytes`, a tokenizer.json or a model directory")
+    message = str(worker_error(RuntimeError(died)))
+    assert message.startswith("--engine ray: a worker failed: tokenizer tok does not exist;")
+    assert "\n" not in message and "same absolute paths" in message
+    assert str(worker_error(RuntimeError("boom\nlast line"))).startswith("--engine ray: a worker failed: last line;")
+
+
+@pytest.fixture()
+def s3(tmp_path: Path) -> Iterator[S3]:
+    with s3_server(tmp_path / "aws") as server:
+        yield server
+
+
+def test_ray_reads_s3_as_the_local_engine_reads_a_folder(ray_cluster: dict[str, str], s3: S3, tmp_path: Path) -> None:
+    """An s3:// SRC (a local moto server): the driver lists the bucket, the workers open its files
+    themselves from the URI each `Source` carries (with the cluster's credentials, set above)."""
+    config = RunConfig(chunk_bytes=4096, val_fraction=0.3, deduplicate=True)
+    src = _raw(tmp_path)
+    s3.upload(src, "ray/raw")
+    local = run_local(str(src), str(tmp_path / "local"), config, progress=False)
+    remote = run_ray(s3.uri("ray/raw"), (tmp_path / "ray").as_uri(), config, progress=False)
+    assert remote["counts"] == local["counts"] and remote["inputs"] == local["inputs"]
     _same(tmp_path / "local", tmp_path / "ray")
