@@ -9,6 +9,7 @@ the worker or the order tasks ran in; the driver renames them into place (`etl.e
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -91,10 +92,13 @@ def counts_json(counts: Counts) -> str:
 class ChunkProcessor:
     """A Ray actor's state: the run's resources (tokenizer loaded once per actor)."""
 
-    def __init__(self, config: RunConfig, sources: list[Source], staging: str) -> None:
+    def __init__(self, config: RunConfig, sources: list[Source], staging: str, *, threads: int = 1) -> None:
         from etl.pipeline.resources import build_resources
         from etl.pipeline.startup import tune_malloc
 
+        # The tokenizer's Rust pool reads this when it first runs; set here rather than in a
+        # runtime_env, whose actors cannot use the job's pooled workers (a new process each).
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         tune_malloc()  # the local engine's memory bound on every worker too
         self.res = build_resources(config)
         self.sources, self.staging = sources, Path(staging)
