@@ -96,8 +96,8 @@ class ChunkProcessor:
         from etl.pipeline.resources import build_resources
         from etl.pipeline.startup import tune_malloc
 
-        # The tokenizer's Rust pool reads this when it first runs; set here rather than in a
-        # runtime_env, whose actors cannot use the job's pooled workers (a new process each).
+        # The tokenizer's Rust pool reads this when it first runs. Set here, not in a runtime_env:
+        # Ray starts a dedicated worker process for each distinct runtime_env.
         os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         tune_malloc()  # the local engine's memory bound on every worker too
         self.res = build_resources(config)
