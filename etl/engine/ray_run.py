@@ -31,14 +31,19 @@ CPUS_PER_ACTOR = 1
 ACTOR_CPUS = PARSE_CPUS = 0.5
 
 
-def _connect(address: str | None) -> bool:
-    """Join the cluster at `address` (or RAY_ADDRESS), or start a local one; True if we started it."""
+def _connect(address: str | None, *, quiet: bool = False) -> bool:
+    """Join the cluster at `address` (or RAY_ADDRESS), or start a local one; True if we started it.
+
+    `quiet` (--quiet): Ray's Python warnings too (its token-auth notice); a failure still reaches
+    the user as an exception. Ray's C++ core logs on its own (RAY_BACKEND_LOG_LEVEL; setting it
+    prints a line of its own).
+    """
     import ray
 
     if ray.is_initialized():
         return False
     try:
-        ray.init(address=address, logging_level=logging.WARNING)
+        ray.init(address=address, logging_level=logging.ERROR if quiet else logging.WARNING)
     except ConnectionError as exc:
         raise EtlError(f"--engine ray: {exc}; check --ray-address / RAY_ADDRESS, that the cluster runs "
                        "(`ray status`), and that this user's ~/.ray/auth_token is the cluster's") from exc
@@ -161,7 +166,7 @@ def run(
     sources = [dataclasses.replace(s, path=s.path.absolute()) for s in sources]
     with ThreadPoolExecutor(max_workers=1) as pool:  # the tokenizer loads while Ray starts (~0.5 s)
         loading = pool.submit(build_resources, config)
-        owns_ray = _connect(address)
+        owns_ray = _connect(address, quiet=not progress)
     try:
         res = loading.result()
         DataContext.get_current().enable_progress_bars = progress
