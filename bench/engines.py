@@ -105,8 +105,9 @@ def results(rounds: int = 3, *, max_items: int | None = None) -> list[dict[str, 
     rows = []
     for engine, local in (("local", alone["local"]), ("ray", alone["local"]), ("ray-cluster", beside["local"])):
         seconds = alone[engine] if engine in alone else beside[engine]
-        rows.append({"name": f"etl run --engine {engine} (T0, Qwen2.5, chatml)", "seconds": seconds,
-                     "tokens/s": tokens / seconds, "local seconds": local, "vs local": local / seconds,
+        rows.append({"name": f"etl run --engine {engine} (T0, Qwen2.5, chatml)", "seconds": round(seconds, 2),
+                     "tokens/s": f"{tokens / seconds / 1e6:.2f}M", "local seconds": round(local, 2),
+                     "vs local": round(local / seconds, 2),
                      "goal ≥ 0.8x": "-" if engine == "local" else ("met" if local / seconds >= GOAL else "not met"),
                      "command": " ".join(command(engine, Path("DST"), max_items=max_items))})
     return rows
@@ -121,7 +122,7 @@ def main() -> None:
     if not rows:
         sys.exit(f"{T0} or {QWEN} missing")
     for row in rows:
-        print(f"{row['name']}: {row['seconds']:.2f} s, {row['tokens/s'] / 1e6:.2f}M tok/s, "
+        print(f"{row['name']}: {row['seconds']:.2f} s, {row['tokens/s']} tok/s, "
               f"{row['vs local']:.2f}x local's tokens/s (local {row['local seconds']:.2f} s)  ({row['command']})")
 
 

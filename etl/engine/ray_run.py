@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from etl.config.run_config import RunConfig
-from etl.engine.location import local_path
 from etl.errors import EtlError
+from etl.ingest.location import local_path
 
 # One actor per CPU of the cluster, each tokenizing with one Rust thread: the Python part of a
 # chunk (plan, assemble, write: ~15% of its time) then runs in parallel too, where one actor with
