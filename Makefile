@@ -18,12 +18,12 @@ ETL_FLAGS = $(if $(CONFIG),--config $(CONFIG)) $(if $(TOKENIZER),--tokenizer $(T
 
 venv: $(STAMP)
 
+# compileall: bytecode now, as a wheel install does: an editable install compiles none, and where
+# PYTHONDONTWRITEBYTECODE is set every `etl` start would recompile the package (~50 ms).
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
-	# Bytecode now, as a wheel install does: an editable install compiles none, and where
-	# PYTHONDONTWRITEBYTECODE is set every `etl` start recompiles the package (~50 ms).
 	$(BIN)/python -m compileall -q etl
 	touch $(STAMP)
 
