@@ -19,7 +19,6 @@ from typing import Any
 
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
-from etl.ingest.location import local_path
 
 # One actor per CPU of the cluster, each tokenizing with one Rust thread: the Python part of a
 # chunk (plan, assemble, write: ~15% of its time) then runs in parallel too, where one actor with
@@ -147,21 +146,12 @@ def run(
     from ray.data import DataContext
 
     from etl.engine.commit import merge_timings
-    from etl.output.ownership import OutputWriter, check_target
+    from etl.output.ownership import OutputWriter
     from etl.pipeline.resources import build_resources
-    from etl.pipeline.run import _inputs
+    from etl.pipeline.run import prepare
 
     started = time.perf_counter()
-    out = Path(local_path(dst, what="DST"))
-    if out.exists() and not out.is_dir():
-        raise EtlError(f"DST {dst} is a file; pass a folder (it is created if missing)")
-    storage = config.storage_format != "parquet"
-    sources, holds_inputs = _inputs(src, out, storage=storage)  # a URI SRC: workers open its files
-    check_target(out, keep=holds_inputs)
-    if config.storage_format == "h5":
-        from etl.output.storage_backends import require_h5py
-
-        require_h5py()
+    out, sources, holds_inputs = prepare(src, dst, config)  # a URI SRC: workers open its files
     out = out.absolute()  # workers run elsewhere: they get absolute paths
     sources = [dataclasses.replace(s, path=s.path.absolute()) for s in sources]
     with ThreadPoolExecutor(max_workers=1) as pool:  # the tokenizer loads while Ray starts (~0.5 s)

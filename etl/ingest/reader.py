@@ -23,6 +23,7 @@ from etl.ingest.decompress import open_binary
 from etl.ingest.discover import Source, UnreadableDir, UnreadableFile
 
 Progress = Callable[[int], None]
+RAW_SCHEMA = pa.schema([("source_line", pa.int64()), ("line", pa.large_string())])
 # `etl run`'s first chunk of a run: reading and splitting 16 MiB takes ~0.1 s, all of it before the
 # first parse can start; 1 MiB takes ~6 ms, and the next chunk is read while this one parses.
 FIRST_CHUNK_BYTES = 1 << 20
@@ -31,8 +32,6 @@ FIRST_CHUNK_BYTES = 1 << 20
 def run_first_bytes(index: int, chunk_bytes: int) -> int | None:
     """`read_chunks`' `first_bytes` for a run's input file `index` (both engines: the same parts)."""
     return min(FIRST_CHUNK_BYTES, chunk_bytes) if index == 0 else None
-
-RAW_SCHEMA = pa.schema([("source_line", pa.int64()), ("line", pa.large_string())])
 
 
 def _numbers(first: int, n: int) -> pa.Array:

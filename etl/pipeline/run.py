@@ -186,6 +186,23 @@ def _target(dst: str) -> Path:
     return out
 
 
+def prepare(src: str, dst: str, config: RunConfig) -> tuple[Path, list[Source], list[Path]]:
+    """What both engines check before any work: DST's folder, SRC's input files, the entries of
+    DST that hold them (`_inputs`), DST writable by etl, and h5py when h5 storage is asked for.
+
+    Raises:
+        EtlError: in milliseconds, before the tokenizer loads or Ray starts.
+    """
+    out = _target(dst)
+    sources, holds_inputs = _inputs(src, out, storage=config.storage_format != "parquet")
+    check_target(out, keep=holds_inputs)
+    if config.storage_format == "h5":  # a missing h5py fails now, not after tokenizing it all
+        from etl.output.storage_backends import require_h5py
+
+        require_h5py()
+    return out, sources, holds_inputs
+
+
 def run(
     src: str, dst: str, config: RunConfig, *, progress: bool = True, timings: Counter[str] | None = None
 ) -> dict[str, Any]:
@@ -196,14 +213,7 @@ def run(
     `timings`, when given, receives wall seconds per stage (kept out of the manifest, which
     must be byte-identical across runs).
     """
-    out = _target(dst)
-    storage = config.storage_format != "parquet"
-    sources, holds_inputs = _inputs(src, out, storage=storage)
-    check_target(out, keep=holds_inputs)  # before the tokenizer loads: refuse in milliseconds
-    if config.storage_format == "h5":  # a missing h5py fails now, not after tokenizing it all
-        from etl.output.storage_backends import require_h5py
-
-        require_h5py()
+    out, sources, holds_inputs = prepare(src, dst, config)
     started = time.perf_counter()
     tune_malloc()
     run_timings = Timings()
