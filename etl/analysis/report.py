@@ -63,6 +63,9 @@ NOTES = {
     "trained_share": "Tokens with loss_mask set; trained_in_mask recounts the mask itself.",
     "roles": "Turns and tokens per role; trained tokens counted from loss_mask inside each turn.",
     "domains": "Examples, tokens and truncation per domain and split.",
+    "mixture": "Mixture runs only (no rows otherwise): each source's examples, up-sampled "
+    "copies (ids ending #k) and tokens in the data; realised_share is recounted from the data "
+    "in the run's mix_by unit, manifest_realised_share is the run's own figure.",
     "drops": "Manifest counts against what the Parquet shows; accounting_gap must be 0.",
     "rejects": "Input rows that could not be used, with the first one per reason.",
     "packing": "Sequences of seq_len needed padded (one example each) versus packed; "
@@ -134,6 +137,18 @@ def _facts(dst: str | os.PathLike[str], manifest: dict[str, Any]) -> list[tuple[
         ("truncated", counts.get("truncated")),
         ("dropped", sum((counts.get("dropped") or {}).values())),
         ("rejected", sum((counts.get("rejected") or {}).values())),
+        *_mixture_facts(manifest),
+    ]
+
+
+def _mixture_facts(manifest: dict[str, Any]) -> list[tuple[str, Any]]:
+    mixture = manifest.get("mixture")
+    if not isinstance(mixture, dict):  # an ordinary run: no mixture lines at all
+        return []
+    names = ", ".join(str(s.get("name")) for s in mixture.get("sources") or [])
+    return [
+        ("mixture", f"{names} by {mixture.get('mix_by')} (seed {mixture.get('seed')})"),
+        ("repeated", (manifest.get("counts") or {}).get("repeated")),
     ]
 
 

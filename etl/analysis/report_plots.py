@@ -1,7 +1,7 @@
 """The plots of `etl report`: matplotlib figures (Agg canvas, no pyplot state) saved as PNG.
 
 Each `draw_*` function fills one Axes from one `sql/` query's table; `figure` adds the title and
-the legend, `plots` makes the report's four, in page order, as base64 PNGs.
+the legend, `plots` makes the report's four (five for a mixture run), in page order, as base64 PNGs.
 """
 
 from __future__ import annotations
@@ -19,11 +19,15 @@ COLORS = ("#3b75af", "#ef8636", "#519e3e", "#c53a32", "#8d69b8", "#84584e")
 # Legend entries per row below a plot: four short labels fit the 6.4-inch figure.
 LEGEND_COLUMNS = 4
 X_MARGIN = 1.02  # the length axis ends just past the last bin (matplotlib's default margin is 5%)
+MIXTURE_TITLE = "Mixture: requested vs realised share"  # also the image's alt text on the page
 
 
 def plots(results: dict[str, pa.Table], seq_len: int | None) -> list[dict[str, str]]:
-    """The report's plots from the `run_queries` results: title, caption and base64 PNG each."""
-    return [
+    """The report's plots from the `run_queries` results: title, caption and base64 PNG each.
+
+    The mixture plot comes only for a mixture run (the `mixture` query has rows only then).
+    """
+    figures = [
         plot_png(
             "Example lengths",
             "Examples per length bin, per split, over the data's range; dashed: seq_len "
@@ -52,6 +56,18 @@ def plots(results: dict[str, pa.Table], seq_len: int | None) -> list[dict[str, s
             results["drops"],
         ),
     ]
+    mixture = results.get("mixture")
+    if mixture is not None and mixture.num_rows:
+        figures.append(
+            plot_png(
+                MIXTURE_TITLE,
+                "Each source's share of the mixed data, asked for and recounted from the data "
+                "(unit: the run's mix_by); over each pair: realised - requested, in points.",
+                draw_mixture,
+                mixture,
+            )
+        )
+    return figures
 
 
 def plot_png(title: str, caption: str, draw: Callable[..., None], *args: Any) -> dict[str, str]:
@@ -190,3 +206,25 @@ def draw_drops(ax: Any, drops: pa.Table) -> None:
         return
     ax.barh(labels[::-1], values[::-1], color=colors[::-1])
     ax.set_xlabel("examples (input records)")
+
+
+def draw_mixture(ax: Any, mixture: pa.Table) -> None:
+    """Requested and realised share per source, side by side; realised - requested on top."""
+    r = mixture.to_pydict()
+    if not mixture.num_rows:
+        return
+    xs = range(mixture.num_rows)
+    requested = [v or 0.0 for v in r["requested_share"]]
+    realised = [v or 0.0 for v in r["realised_share"]]
+    width = 0.4
+    ax.bar([x - width / 2 for x in xs], requested, width=width, color=COLORS[0], label="requested")
+    ax.bar([x + width / 2 for x in xs], realised, width=width, color=COLORS[1], label="realised")
+    for x, diff, top in zip(xs, r["difference"], map(max, requested, realised)):
+        if diff is not None:  # the figure people look for: how far the mix landed from the ask
+            ax.annotate(f"{diff * 100:+.1f} pp", (x, top), ha="center", va="bottom", fontsize=9)
+    tilt = mixture.num_rows > 5  # beyond ~5 sources, level names overlap on the 6.4-inch figure
+    ax.set_xticks(
+        list(xs), r["source"], rotation=30 if tilt else 0, ha="right" if tilt else "center"
+    )
+    ax.set_ylabel(f"share of {r['mix_by'][0]}")
+    ax.set_ylim(0, max(max(requested + realised) * 1.15, 0.05))

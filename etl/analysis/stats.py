@@ -36,6 +36,7 @@ QUERY_ORDER = (
     "turns_per_example",
     "roles",
     "domains",
+    "mixture",
     "drops",
     "rejects",
     "packing",

@@ -16,10 +16,14 @@ DST/_manifest.json (DST: a path or a file:// URI).
 exit status: 0 done; 2 an error (nothing finished); 3 done, but some input could not be
 read to its end (a warning names it and what was salvaged).
 
+With `sources` in the config file (a mixture of several inputs, each with its own options,
+mixed by weight), SRC is left out: etl run --config mix.toml DST (README "Mixtures").
+
 examples:
   etl run examples/raw parquet/
   etl run chats.jsonl out/ --tokenizer path/to/qwen2.5 --template chatml --seq-len 4096
   etl run s3://bucket/raw/ out/          # credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+  etl run --config examples/configs/mixture.toml mix/
 """
 
 
@@ -27,10 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # The settings' flags (type, choices, help, default) come from their declarations.
     from etl.config.flags import add_flags
 
-    p.add_argument("src", help="input file, directory or glob, or a URI pyarrow reads (file://, s3://, gs://; "
-                   "options such as ?endpoint_override=HOST:PORT in the URI)")
-    p.add_argument("dst", help="output directory: new, empty, or an earlier etl output (only the files "
-                   "its manifest lists are replaced)")
+    p.add_argument("src", metavar="SRC", nargs="?", help="input file, directory or glob, or a URI pyarrow reads "
+                   "(file://, s3://, gs://; options such as ?endpoint_override=HOST:PORT in the URI); left out "
+                   "when the config lists sources")
+    p.add_argument("dst", metavar="DST", nargs="?", help="output directory: new, empty, or an earlier etl output "
+                   "(only the files its manifest lists are replaced)")
     p.add_argument("--config", help="JSON or TOML config file (seed-004 schema; keys: `etl config`); "
                    "flags override it")
     add_flags(p, ("tokenizer", "template", "seq_len", "input_type", "truncation"))
@@ -57,21 +62,31 @@ def run(args: argparse.Namespace) -> int:
     from etl.pipeline.run import run as run_pipeline
 
     config = config_from_args(args)
+    src, dst = _locations(args.src, args.dst, mixture=config.mixture is not None)
     timings: Counter[str] = Counter()
-    if args.engine == "ray":
+    if config.mixture is not None:
+        from etl.pipeline.mixture import run_mixture
+
+        if args.engine == "ray":
+            raise EtlError("a mixture (sources in the config) runs on the local engine only; drop --engine ray, "
+                           "or run each source on Ray into its own DST")
+        manifest = run_mixture(dst, config, progress=not args.quiet, timings=timings)
+    elif args.engine == "ray":
         from etl.engine.ray_run import require_ray
         from etl.engine.ray_run import run as run_ray
 
         require_ray()
-        manifest = run_ray(args.src, args.dst, config, address=args.ray_address, progress=not args.quiet,
+        manifest = run_ray(src, dst, config, address=args.ray_address, progress=not args.quiet,
                            timings=timings)
     else:
         if args.ray_address:
             raise EtlError("--ray-address needs --engine ray")
-        manifest = run_pipeline(args.src, args.dst, config, progress=not args.quiet, timings=timings)
+        manifest = run_pipeline(src, dst, config, progress=not args.quiet, timings=timings)
     if not args.quiet:
-        print(summary(manifest, args.dst), file=sys.stderr)
-        if hint := format_hint(manifest, args.dst):
+        for note in mixture_notes(manifest):
+            print(f"etl run: {note}", file=sys.stderr)
+        print(summary(manifest, dst), file=sys.stderr)
+        if hint := format_hint(manifest, dst):
             print(hint, file=sys.stderr)
     if args.timings:
         # tokenize_plan includes the tokenizer's own time, shown on its own line too; tokenizer
@@ -79,6 +94,26 @@ def run(args: argparse.Namespace) -> int:
         stages = ", ".join(f"{name} {sec:.2f}s" for name, sec in sorted(timings.items(), key=lambda kv: -kv[1]))
         print(f"etl run timings: {stages}", file=sys.stderr)
     return _incomplete(manifest)
+
+
+def _locations(src: str | None, dst: str | None, *, mixture: bool) -> tuple[str, str]:
+    """(SRC, DST) from the positionals: a mixture takes its inputs from the config, DST alone."""
+    from etl.errors import EtlError
+
+    if mixture:
+        if dst is not None:
+            raise EtlError("the config lists sources, so SRC is left out: etl run --config FILE DST")
+        if src is None:
+            raise EtlError("etl run needs DST: etl run --config FILE DST")
+        return "", src
+    if src is None or dst is None:
+        raise EtlError("etl run needs SRC and DST (or a config that lists sources, and DST); see etl run --help")
+    return src, dst
+
+
+def mixture_notes(manifest: dict[str, Any]) -> list[str]:
+    """One line per source of a mixture whose share needed repeating or was not met."""
+    return [s["note"] for s in (manifest.get("mixture") or {}).get("sources", []) if s.get("note")]
 
 
 EXIT_INCOMPLETE = 3  # etl.cli: done, but some input could not be read to its end
@@ -108,8 +143,9 @@ def summary(manifest: dict[str, object], dst: str) -> str:
     """One line: the counts that must add up, and the tokens written."""
     n = manifest["counts"]
     assert isinstance(n, dict)
+    copies = f" + {n['repeated']:,} repeated copies" if n.get("repeated") else ""
     return (
-        f"etl run: read {n['read']:,}, written {n['written']:,} ({n['truncated']:,} truncated), "
+        f"etl run: read {n['read']:,}, written {n['written']:,}{copies} ({n['truncated']:,} truncated), "
         f"dropped {_reasons(n['dropped'])}, rejected {_reasons(n['rejected'])}; "
         f"{n['tokens']:,} tokens ({n['trained_tokens']:,} trained) -> {dst}"
     )

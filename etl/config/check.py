@@ -57,6 +57,8 @@ def check(obj: Any) -> None:
 def describe(err: ErrorDetails, name: str, annotation: Any = None, limit: Limit | None = None) -> str:
     """One line for one pydantic error at the value `name` (a leaf or a section)."""
     kind, value = err["type"], err["input"]
+    if kind == "missing":
+        return f"config: {name} is required"
     if kind in ("model_type", "dict_type"):
         return f"config: {name} must be an object, got {value!r}"
     if kind in _LIMIT_ERRORS and limit is not None:

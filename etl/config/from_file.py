@@ -14,6 +14,7 @@ from typing import Any
 
 from etl.config.fields import declared
 from etl.config.flags import flag_values
+from etl.config.mixture import DEFAULT_MASK, mixture_from_doc
 from etl.config.models import builder_options, check_file
 from etl.config.run_config import (
     CANONICAL_ROLES,
@@ -41,7 +42,7 @@ def train_roles(mask: dict[str, str], mask_default: str, input_type: str) -> tup
 
 def _mask_options(doc: dict[str, Any], input_type: str) -> MaskOptions:
     # Without mask, its default rule (assistant trained); mask_default covers the other roles.
-    mask = doc.get("mask", {r: "train" for r in MaskOptions().train_roles})
+    mask = doc.get("mask", DEFAULT_MASK)
     roles = train_roles(mask, doc.get("mask_default", "mask"), input_type)
     return MaskOptions(train_roles=roles, **doc.get("mask_options", {}))
 
@@ -90,11 +91,16 @@ def config_from_dict(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """Defaults < config file < flags."""
-    kwargs: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        kwargs.update(config_from_dict(load_config_file(args.config)))
-    kwargs.update(flag_values(args))
+    """Defaults < config file < flags (which a mixture's every source takes too)."""
+    doc = load_config_file(args.config) if getattr(args, "config", None) else {}
+    config = _with_flags(config_from_dict(doc) if doc else {}, args)
+    if doc.get("sources") is None:
+        return config
+    return dataclasses.replace(config, mixture=mixture_from_doc(doc, lambda d: _with_flags(config_from_dict(d), args)))
+
+
+def _with_flags(kwargs: dict[str, Any], args: argparse.Namespace) -> RunConfig:
+    kwargs = {**kwargs, **flag_values(args)}
     if getattr(args, "input_type", None) == "text":
         kwargs["default_system"] = None
         kwargs.setdefault("truncation", "right")

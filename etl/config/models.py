@@ -30,6 +30,7 @@ from pydantic.json_schema import GenerateJsonSchema
 
 from etl.config.check import STRICT, describe, field_of, file_annotation, not_allowed, unknown_key
 from etl.config.fields import Declared, Limit
+from etl.config.mixture import SOURCE_OPTIONS
 from etl.config.run_config import SECTIONS, MaskAction, MaskKey, Truncation, file_settings
 from etl.errors import EtlError
 from etl.formats.base import RUN_ARGS
@@ -40,9 +41,9 @@ SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 ERROR_NAMES = {"mask_default": "mask.mask_default"}
 
 
-def create_model(name: str, **fields: Any) -> type[BaseModel]:
+def create_model(model_name: str, /, **fields: Any) -> type[BaseModel]:
     """A strict pydantic model that forbids unknown keys."""
-    return _create_model(name, __config__=STRICT, **fields)
+    return _create_model(model_name, __config__=STRICT, **fields)
 
 
 def builder_options(input_type: str) -> dict[str, inspect.Parameter]:
@@ -107,6 +108,8 @@ def file_schema() -> FileSchema:
             fields[key] = field_of(d, file_annotation(d))
         elif key == "input":
             fields[key] = (_input_field(groups["input"]["type"]), Field(default_factory=dict, description=doc))
+        elif key == "sources":
+            fields[key], keys[key] = _sources_field(groups, fields, doc)
         else:
             section = {k: field_of(d, file_annotation(d)) for k, d in groups[key].items()}
             keys[key] = tuple(section)
@@ -120,6 +123,19 @@ def file_schema() -> FileSchema:
     root = create_model("etl_config", **fields)
     root.__doc__ = "An `etl run --config` file: seed 004's schema plus etl's own sections."
     return FileSchema(root, keys, leaves)
+
+
+def _sources_field(
+    groups: dict[str, dict[str, Declared]], fields: dict[str, Any], doc: str
+) -> tuple[tuple[Any, Any], tuple[str, ...]]:
+    """`sources`: a list of tables, each with its own keys and the per-source options, typed as at
+    the top level (fields holds those already: `sources` comes after them in SECTIONS)."""
+    own = {k: field_of(d, file_annotation(d)) for k, d in groups["sources"].items()}
+    own["path"] = (str, Field(..., description=groups["sources"]["path"].setting.doc))
+    options = {k: fields[k] for k in SOURCE_OPTIONS if k in fields}
+    options["max_items"] = field_of(groups["preprocessing"]["max_items"])
+    model = create_model("source", **own, **options)
+    return (list[model] | None, Field(None, description=doc)), (*own, *options)  # type: ignore[valid-type]
 
 
 def check_file(doc: Any) -> None:
@@ -137,8 +153,11 @@ def check_file(doc: Any) -> None:
 
 def _message(err: Any, schema: FileSchema) -> str:
     loc = [str(part) for part in err["loc"]]
+    where = ""
+    if loc[:1] == ["sources"] and len(loc) > 2 and loc[1].isdigit():  # a key of one source's table
+        where, loc = f"sources[{loc[1]}].", loc[2:]
     if err["type"] == "union_tag_invalid":
-        return not_allowed("input.type", err["input"].get("type"), sorted(BUILDERS))
+        return not_allowed(f"{where}input.type", err["input"].get("type"), sorted(BUILDERS))
     section = ""
     if loc[:1] == ["input"] and len(loc) > 1:
         section = f"input.{loc.pop(1)}"  # the union's tag: the input type
@@ -147,10 +166,12 @@ def _message(err: Any, schema: FileSchema) -> str:
         err = {**err, "type": "extra_forbidden"}
     name = ".".join(loc) or "config"
     if err["type"] == "extra_forbidden":
-        parent = ".".join(loc[:-1]) or "config"
-        return unknown_key(name if len(loc) > 1 else f"config.{name}", schema.keys[section or parent])
-    annotation, limit = schema.leaves.get(name, (None, None))
-    return describe(err, ERROR_NAMES.get(name, name), annotation, limit)
+        parent = ".".join(loc[:-1]) or ("sources" if where else "config")
+        shown = where + name if where or len(loc) > 1 else f"config.{name}"
+        return unknown_key(shown, schema.keys[section or parent])
+    leaf = f"sources.{name}" if where and f"sources.{name}" in schema.leaves else name
+    annotation, limit = schema.leaves.get(leaf, (None, None))
+    return describe(err, where + ERROR_NAMES.get(name, name), annotation, limit)
 
 
 class _NoFieldTitles(GenerateJsonSchema):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, get_args, get_origin
 
 from etl.config.fields import Declared, choices, optional, show
+from etl.config.mixture import SOURCE_OPTIONS
 from etl.config.models import builder_options
 from etl.config.run_config import SECTIONS, file_settings
 from etl.formats.registry import BUILDERS
@@ -51,10 +52,16 @@ def markdown_table() -> str:
             continue
         for key, d in groups[section].items():
             path = f"{section}.{key}"
+            if section == "sources":
+                lines.append(_row(f"sources[].{key}", d))
+                continue
             if path == "input.type":
                 lines.append(_row(path, d, " ".join(f"`{show(name)}`" for name in sorted(BUILDERS))))
                 lines += [_line("`input.*`", f"type `{name}`", "", "", f"options: {', '.join(builder_options(name))}")
                           for name in sorted(BUILDERS)]
             else:
                 lines.append(_row(path, d))
+        if section == "sources":
+            lines.append(_line("`sources[].*`", "", "", "", f"per-source options, as at the top level (which they "
+                               f"extend, key by key): {', '.join(SOURCE_OPTIONS)}"))
     return "\n".join(lines) + "\n"

@@ -23,6 +23,7 @@ from etl.columns import (
     DEFAULT_SYSTEM_TEXT,
 )
 from etl.config.fields import Declared, Limit, declared, setting
+from etl.config.mixture import DEFAULT_MASK, MixOptions, Mixture, SourceOptions
 from etl.errors import EtlError
 
 # 16 MiB of JSON per chunk (~3M Qwen tokens): T0 with Qwen2.5 peaks at ~0.9 GB RSS and runs
@@ -56,6 +57,8 @@ SECTIONS = {
     "output": "storage of the tokenized examples", "template": "", "tokenizer": "", "seq_len": "",
     "truncation": "a policy name, or {policy = ...}", "mask_options": "which tokens of a trained turn carry loss",
     "split": "the train/val split", "default_system": "",
+    "sources": "a mixture: one table per source, each with its path and its own options (README \"Mixtures\")",
+    "seed": "", "mix_by": "", "mix_total": "",
 }
 
 
@@ -121,6 +124,9 @@ class RunConfig:
         "record_too_large, before parsing", flag="--max-record-mb", mib=True,
         limit=Limit("must be a positive number of bytes, got {value}; raise it to keep larger records", gt=0))
 
+    # A mixture's sources, each with its own RunConfig (etl.config.mixture); None: one SRC.
+    mixture: Mixture | None = None
+
     def __post_init__(self) -> None:
         # pydantic (~40 ms to import) only once a config is built: `etl run --help` stays light.
         from etl.config.check import check
@@ -129,7 +135,12 @@ class RunConfig:
         check(self.mask)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        body = asdict(self)
+        if self.mixture is None:  # an ordinary run's manifest stays as it was
+            del body["mixture"]
+        else:
+            body["mixture"] = self.mixture.to_json()
+        return body
 
 
 @dataclass(frozen=True)
@@ -138,7 +149,7 @@ class FileKeys:
 
     version: Literal[1] = setting(1, "version", "schema version (seed 004)")
     mask: dict[MaskKey, MaskAction] = setting(
-        {"assistant": "train"}, "mask", "train or mask each role's content (instruction input: prompt, response)")
+        DEFAULT_MASK, "mask", "train or mask each role's content (instruction input: prompt, response)")
     mask_default: MaskAction = setting("mask", "mask_default", "the rule of roles that mask does not list")
     max_seq_len: int | None = setting(None, "preprocessing.max_seq_len", "seed 004's name for seq_len "
                                       "(seq_len wins)", limit=SEQ_LEN_LIMIT)
@@ -151,7 +162,8 @@ class FileKeys:
 def file_settings() -> dict[str, dict[str, Declared]]:
     """The settings a config file can hold, by section ("" for top-level keys): key -> declaration."""
     groups: dict[str, dict[str, Declared]] = {}
-    for d in declared(RunConfig) + declared(MaskOptions) + declared(FileKeys):
+    for d in declared(RunConfig) + declared(MaskOptions) + declared(FileKeys) + declared(MixOptions) + declared(
+            SourceOptions):
         if d.setting.path:
             section, _, key = d.setting.path.rpartition(".")
             groups.setdefault(section, {})[key] = d

@@ -87,7 +87,7 @@ def raw_chunks(
     """Chunk rows of raw `(source_line, line)` tables of `sources` (index, source), in order.
 
     `max_items` caps the records read over all of `sources` in their order, as the local engine
-    does (`etl.pipeline.run._parsed_chunks`); the caller gives one call every file then.
+    does (`etl.pipeline.run.parsed_chunks`); the caller gives one call every file then.
     """
     budget = max_items
     for index, source in sources:

@@ -130,10 +130,10 @@ def splits(draws: np.ndarray, val_fraction: float) -> pa.Array:
     return pa.array(np.where(draws < val_fraction, "val", "train"), pa.string())
 
 
-def domains(good: pa.Table) -> pa.Array:
-    """The builder's `domain` column with nulls as `__default__` (seed 004)."""
+def domains(good: pa.Table, default: str = c.DEFAULT_DOMAIN) -> pa.Array:
+    """The builder's `domain` column with nulls as `default` (seed 004: `__default__`)."""
     if "domain" not in good.column_names:
-        return pa.array([c.DEFAULT_DOMAIN] * good.num_rows, pa.string())
+        return pa.repeat(pa.scalar(default, pa.string()), good.num_rows)
     import pyarrow.compute as pc
 
-    return pc.fill_null(good.column("domain").cast(pa.string()), c.DEFAULT_DOMAIN)
+    return pc.fill_null(good.column("domain").cast(pa.string()), default)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from etl import columns as c
 from etl.output.ownership import OutputWriter
 from etl.output.parquet import write_part
 
@@ -68,3 +69,40 @@ class PartWriter:
         while len(self._pending) > 1:  # keep memory bounded: wait for the older writes
             self._pending.pop(0).result()
         self._pending.append(self._pool.submit(self._write_now, table, path))
+
+
+class StagedParts(PartWriter):
+    """The first pass of a mixture: `data` and `turns` parts go to the staging folder, under the
+    current `source`'s name, unlisted (etl.pipeline.mixture reads them back, mixes them and
+    writes the real parts); rejects go to their place as in a plain run."""
+
+    STAGED = (c.DATA_DIR, c.TURNS_DIR)
+
+    def __init__(self, output: OutputWriter, staging: Path) -> None:
+        super().__init__(output)
+        self.staging = staging
+        self.source = ""
+
+    def _next_path(self, folder: str) -> Path:
+        if folder.split("/")[0] not in self.STAGED:
+            return super()._next_path(folder)
+        key = f"{self.source}/{folder}"
+        number = self.parts[key]
+        self.parts[key] += 1
+        return self.staging / key / f"part-{number:05d}.parquet"
+
+    def _write_now(self, table: pa.Table, path: Path) -> None:
+        if self.staging in path.parents:
+            write_part(table, path)
+        else:
+            super()._write_now(table, path)
+
+    def staged(self, source: str, folder: str) -> list[Path]:
+        """The staged parts of `source` in `folder` (e.g. data/train), in the order written."""
+        key = f"{source}/{folder}"
+        return [self.staging / key / f"part-{i:05d}.parquet" for i in range(self.parts[key])]
+
+    def folders(self, source: str, kind: str) -> list[str]:
+        """The folders (`data/train`, ...) of `kind` that `source` staged parts in, sorted."""
+        prefix = f"{source}/{kind}/"
+        return sorted(key[len(source) + 1:] for key in self.parts if key.startswith(prefix))

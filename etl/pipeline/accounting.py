@@ -29,6 +29,7 @@ class Counts:
     truncated: int = 0
     tokens: int = 0
     trained_tokens: int = 0
+    repeated: int | None = None  # a mixture's extra copies of records (rows = written + repeated)
     dropped: Counter[str] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)
     # Records read per input file, for the warning that says how much of a damaged file was kept.
@@ -40,8 +41,23 @@ class Counts:
         """Every record read is written, dropped with a reason or rejected with a reason."""
         return self.read == self.written + sum(self.dropped.values()) + sum(self.rejected.values())
 
+    def add(self, other: Counts) -> None:
+        """Add another part's counts (a mixture's source) to these."""
+        self.read += other.read
+        self.written += other.written
+        self.truncated += other.truncated
+        self.tokens += other.tokens
+        self.trained_tokens += other.trained_tokens
+        if other.repeated is not None:
+            self.repeated = (self.repeated or 0) + other.repeated
+        self.dropped.update(other.dropped)
+        self.rejected.update(other.rejected)
+        self.read_per_file.update(other.read_per_file)
+        self.incomplete += other.incomplete
+
     def to_json(self) -> dict[str, Any]:
         return {
+            **({} if self.repeated is None else {"repeated": self.repeated}),
             "read": self.read,
             "written": self.written,
             "truncated": self.truncated,

@@ -47,6 +47,7 @@ class RunState:
     timings: Timings = field(default_factory=Timings)
     dedup: Deduplicator = field(default_factory=Deduplicator)
     warned: set[str] = field(default_factory=set)  # warnings printed once per run
+    domain: str = c.DEFAULT_DOMAIN  # of records without a domain key's value (a mixture: the source's)
 
 
 def _split_parsed(parsed: pa.Table, source: Source, counts: Counts, parts: PartWriter) -> pa.Table:
@@ -107,7 +108,7 @@ def process_chunk(source: Source, parsed: pa.Table, state: RunState) -> None:
             if good.num_rows == 0:
                 return
     records = records_frame(
-        source.name, good, domain=domains(good), split=splits(draws, cfg.val_fraction)
+        source.name, good, domain=domains(good, state.domain), split=splits(draws, cfg.val_fraction)
     )
     examples, plan = build_examples(records, res, timings)
     dropped = examples.with_columns(

@@ -108,18 +108,28 @@ def build_resources(
     if config.add_eos and not eos:
         token = _extra_special(tokenizer, "eos", template.eos)
         eos = encode_template_text(tokenizer, token, [token])
-    system_ids = None
-    if config.default_system is not None and config.input_type != "text":
-        system_ids = tokenizer.encode_texts(pa.array([config.default_system]))[0].as_py()
     return Resources(
         config=config,
         tokenizer=tokenizer,
         template=ids,
-        system_ids=system_ids,
+        system_ids=_system_ids(tokenizer, config),
         con=connect() if con is None else con,
         bos=bos,
         eos=eos,
     )
+
+
+def _system_ids(tokenizer: TextTokenizer, config: RunConfig) -> list[int] | None:
+    if config.default_system is None or config.input_type == "text":
+        return None
+    return tokenizer.encode_texts(pa.array([config.default_system]))[0].as_py()
+
+
+def resources_for(res: Resources, config: RunConfig) -> Resources:
+    """The run's resources with another config (a mixture's source): its own input type, default
+    system, masks and truncation over the same tokenizer, template, BOS/EOS and connection."""
+    check_input_type(config)
+    return dataclasses.replace(res, config=config, system_ids=_system_ids(res.tokenizer, config))
 
 
 def manifest_for(res: Resources, sources: list[Source], counts: Counts) -> dict[str, Any]:

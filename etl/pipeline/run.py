@@ -32,7 +32,7 @@ from etl.output.card import write_card
 from etl.output.ownership import OutputWriter, check_inputs, check_target
 from etl.output.parquet import REJECTS_SCHEMA
 from etl.output.part_writer import PartWriter
-from etl.pipeline.accounting import Timings
+from etl.pipeline.accounting import Counts, Timings
 from etl.pipeline.startup import (
     STARTUP,
     builder_query_for,
@@ -56,7 +56,7 @@ HEAD_START = 1.0
 Item = tuple[Source, pa.Table | UnreadableFile | None, int]
 
 
-def _parsed_chunks(
+def parsed_chunks(
     sources: list[Source], cfg: RunConfig, query: BuilderQuery, con: duckdb.DuckDBPyConnection, timings: Timings,
     parsing: threading.Event,
 ) -> Iterator[Item]:
@@ -127,7 +127,7 @@ def _inputs(src: str, out: Path, *, storage: bool) -> tuple[list[Source], list[P
     return sources, []
 
 
-def _process(sources: list[Source], parsed: Prefetch[Item], state: RunState, *, progress: bool) -> None:
+def process(sources: list[Source], parsed: Prefetch[Item], state: RunState, *, progress: bool) -> None:
     """Every chunk of every input through the pipeline, with the write thread and the bar."""
     from etl.pipeline.chunk import process_chunk, reject_file
 
@@ -143,8 +143,12 @@ def _process(sources: list[Source], parsed: Prefetch[Item], state: RunState, *, 
                 process_chunk(source, item, state)
                 bar.file_position(position)
                 bar.update(counts.read, counts.tokens)
-        if not parts.count(c.REJECTS_DIR):  # DESIGN §4 lists _rejects/part-00000: present, empty
-            parts.write(c.REJECTS_DIR, REJECTS_SCHEMA.empty_table())
+
+
+def write_empty_rejects(parts: PartWriter) -> None:
+    """DESIGN §4 lists _rejects/part-00000: present, and empty when nothing was rejected."""
+    if not parts.count(c.REJECTS_DIR):
+        parts.write(c.REJECTS_DIR, REJECTS_SCHEMA.empty_table())
 
 
 def _resources(config: RunConfig, **early: Any) -> Resources:
@@ -155,13 +159,14 @@ def _resources(config: RunConfig, **early: Any) -> Resources:
     return build_resources(config, **early)
 
 
-def _finish(res: Resources, sources: list[Source], state: RunState, output: OutputWriter,
-            config: RunConfig) -> dict[str, Any]:
-    """Storage files, the dataset card, and the manifest last (the run is finished only then)."""
+def finish(res: Resources, sources: list[Source], counts: Counts, output: OutputWriter,
+           config: RunConfig, **extra: Any) -> dict[str, Any]:
+    """Storage files, the dataset card, and the manifest last (the run is finished only then);
+    `extra`: more top-level keys of the manifest (a mixture's)."""
     from etl.pipeline.resources import manifest_for
 
-    assert state.counts.add_up(), state.counts
-    manifest = manifest_for(res, sources, state.counts)
+    assert counts.add_up(), counts
+    manifest = {**manifest_for(res, sources, counts), **extra}
     if config.storage_format != "parquet":  # seed 004's bin/h5 next to the Parquet; numpy-only
         from etl.output.storage import write_run_storage
 
@@ -193,14 +198,21 @@ def prepare(src: str, dst: str, config: RunConfig) -> tuple[Path, list[Source], 
     Raises:
         EtlError: in milliseconds, before the tokenizer loads or Ray starts.
     """
+    out, (sources,), holds_inputs = prepare_all([src], dst, config)
+    return out, sources, holds_inputs
+
+
+def prepare_all(srcs: list[str], dst: str, config: RunConfig) -> tuple[Path, list[list[Source]], list[Path]]:
+    """`prepare` for several SRCs (a mixture's sources): the input files of each."""
     out = _target(dst)
-    sources, holds_inputs = _inputs(src, out, storage=config.storage_format != "parquet")
+    found = [_inputs(src, out, storage=config.storage_format != "parquet") for src in srcs]
+    holds_inputs = [path for _, holds in found for path in holds]
     check_target(out, keep=holds_inputs)
     if config.storage_format == "h5":  # a missing h5py fails now, not after tokenizing it all
         from etl.output.storage_backends import require_h5py
 
         require_h5py()
-    return out, sources, holds_inputs
+    return out, [sources for sources, _ in found], holds_inputs
 
 
 def run(
@@ -222,7 +234,7 @@ def run(
     con = connect() if early is None else early.con
     query = builder_query_for(config, template) if template is not None else early.builder_query()
     parsing = threading.Event()
-    with Prefetch(_parsed_chunks(sources, config, query, con.cursor(), run_timings, parsing)) as parsed:
+    with Prefetch(parsed_chunks(sources, config, query, con.cursor(), run_timings, parsing)) as parsed:
         # The first chunk parses (DuckDB, no GIL) while Polars and the tokenizer load (GIL).
         # Reading it holds the GIL, so it goes first rather than at half speed beside them.
         parsing.wait(timeout=HEAD_START)
@@ -231,8 +243,9 @@ def run(
             from etl.pipeline.chunk import RunState
 
             state = RunState(res=res, parts=PartWriter(output), timings=run_timings)
-            _process(sources, parsed, state, progress=progress)
-            manifest = _finish(res, sources, state, output, config)
+            process(sources, parsed, state, progress=progress)
+            write_empty_rejects(state.parts)
+            manifest = finish(res, sources, state.counts, output, config)
     if timings is not None:
         timings.update(state.timings)
         timings["total"] = time.perf_counter() - started

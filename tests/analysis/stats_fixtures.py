@@ -50,6 +50,7 @@ class Example:
     part: int = 0
     source_line: int = 0
     truncated: bool = False
+    source_file: str | None = None  # None: "raw/<domain>.jsonl"; a mixture's is "<source>/<file>"
 
 
 def _serialize(example: Example) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -95,7 +96,7 @@ def _serialize(example: Example) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         )
     row = {
         "id": example.id,
-        "source_file": f"raw/{example.domain}.jsonl",
+        "source_file": example.source_file or f"raw/{example.domain}.jsonl",
         "source_line": example.source_line,
         "domain": example.domain,
         "split": example.split,
@@ -190,8 +191,10 @@ def write_dst(
     *,
     counts: dict[str, Any],
     rejects: list[dict[str, Any]] | None,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write examples in the DESIGN §4 layout (one part file per (split, part))."""
+    """Write examples in the DESIGN §4 layout (one part file per (split, part)); `extra` adds
+    top-level manifest keys (e.g. `mixture`)."""
     groups: dict[tuple[str, int], list[Example]] = {}
     for ex in examples:
         groups.setdefault((ex.split, ex.part), []).append(ex)
@@ -206,7 +209,7 @@ def write_dst(
     if rejects is not None:
         (root / "_rejects").mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(rejects), root / "_rejects" / "part-00000.parquet")
-    return seal(root, manifest(counts))
+    return seal(root, {**manifest(counts), **(extra or {})})
 
 
 def etl_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

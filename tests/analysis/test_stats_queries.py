@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from etl.analysis.stats import default_bin_width, load_query, query_names, run_queries, run_query
-from tests.analysis import test_stats_checks
+from tests.analysis import test_mixture_stats, test_stats_checks
 from tests.analysis.recount import by_split, examples, keyed, table
 from tests.analysis.stats_fixtures import EXAMPLES, SEQ_LEN
 
 
 def test_every_query_is_tested_here() -> None:
-    names = [*globals(), *vars(test_stats_checks)]
+    names = [*globals(), *vars(test_stats_checks), *vars(test_mixture_stats)]
     tested = {name.removeprefix("test_") for name in names if name.startswith("test_")}
     assert set(query_names()) <= tested
 

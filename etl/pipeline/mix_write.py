@@ -1,0 +1,122 @@
+"""The second pass of a mixture: read back each source's staged parts, draw, and write the mixed ones.
+
+Pass one (etl.pipeline.mixture) writes every source's examples to the staging folder as a plain
+run would. Here each source's sizes (id, tokens, trained tokens: ~40 B per example, read column by
+column) give its units; `etl.pipeline.mix_plan` sets how many copies of each record to keep, from
+an MD5 draw of (seed, id), stable across machines and versions like the split draw. Each staged
+part is then rewritten once with its rows taken `copies` times: copy k > 1 of a record gets id
+`<id>#k`, in `data` and in `turns`, and stays in its record's split (no train/val leak).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from etl import columns as c
+from etl.output.part_writer import PartWriter, StagedParts
+
+SIZE_COLUMNS = [c.ID, c.NUM_TOKENS, c.NUM_TRAINED, c.TRUNCATED]
+DRAW_SQL = "select md5_number_lower($seed || '/mix/' || id) as draw from sizes"
+COPY_MARK = "#"  # copy k > 1 of record `id` is `id#k`
+
+
+@dataclass
+class Staged:
+    """One source's staged data parts (path, folder, rows) and the sizes of their rows, in order."""
+
+    parts: list[tuple[Path, str, int]]
+    sizes: pa.Table
+
+    def units(self, mix_by: str) -> np.ndarray:
+        """Per example: its tokens, or 1 (mix_by examples)."""
+        if mix_by == "examples":
+            return np.ones(self.sizes.num_rows, dtype=np.int64)
+        return self.sizes.column(c.NUM_TOKENS).to_numpy().astype(np.int64)
+
+    def totals(self, cp: np.ndarray) -> dict[str, int]:
+        """Examples, tokens and trained tokens of these rows taken `cp` times each."""
+        tokens = self.sizes.column(c.NUM_TOKENS).to_numpy().astype(np.int64)
+        trained = self.sizes.column(c.NUM_TRAINED).to_numpy().astype(np.int64)
+        return {"examples": int(cp.sum()), "tokens": int((cp * tokens).sum()),
+                "trained_tokens": int((cp * trained).sum())}
+
+
+def read_staged(staged: StagedParts, source: str) -> Staged:
+    """The staged data parts of `source` (every split) and their rows' sizes."""
+    parts, tables = [], []
+    for folder in staged.folders(source, c.DATA_DIR):
+        for path in staged.staged(source, folder):
+            table = pq.read_table(path, columns=SIZE_COLUMNS)
+            parts.append((path, folder, table.num_rows))
+            tables.append(table)
+    schema = pa.schema([(c.ID, pa.string()), (c.NUM_TOKENS, pa.int32()), (c.NUM_TRAINED, pa.int32()),
+                        (c.TRUNCATED, pa.bool_())])
+    sizes = pa.concat_tables(tables) if tables else schema.empty_table()
+    return Staged(parts, sizes)
+
+
+def draws(con: duckdb.DuckDBPyConnection, sizes: pa.Table, seed: int) -> np.ndarray:
+    """A uniform uint64 per record from MD5(seed/mix/id): the order records are drawn in."""
+    cur = con.cursor()
+    cur.register("sizes", sizes.select([c.ID]))
+    try:
+        return cur.sql(DRAW_SQL, params={"seed": str(seed)}).to_arrow_table().column("draw").to_numpy()
+    finally:
+        cur.unregister("sizes")
+
+
+def copy_rows(cp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row index, copy number from 1) of every output row: row i repeated cp[i] times, in order."""
+    rows = np.repeat(np.arange(len(cp)), cp)
+    starts = np.repeat(np.cumsum(cp) - cp, cp)
+    return rows, np.arange(len(rows)) - starts + 1
+
+
+def copy_ids(ids: pa.Array, number: np.ndarray) -> pa.Array:
+    """`id` for first copies, `id#k` for copy k > 1."""
+    if not (number > 1).any():
+        return ids
+    marked = pc.binary_join_element_wise(ids, pa.array(number.astype(str)), COPY_MARK)
+    return pc.if_else(pa.array(number > 1), marked, ids)
+
+
+def write_mixed(staged: Staged, cp: np.ndarray, parts: PartWriter) -> None:
+    """Every staged part of one source with its rows taken `cp` times, as the next real parts of
+    its folders (`data/<split>`, and `turns/<split>` beside it). A part repeated k times is written
+    as k parts of its size, so memory stays that of one staged part."""
+    offset = 0
+    for path, folder, n in staged.parts:
+        part_cp, offset = cp[offset:offset + n], offset + n
+        if not part_cp.any():
+            continue
+        data = pq.read_table(path)
+        turns = pl.read_parquet(_turns_of(path, folder))
+        rows, number = copy_rows(part_cp)
+        for start in range(0, len(rows), max(n, 1)):
+            piece, piece_number = rows[start:start + n], number[start:start + n]
+            taken = data.take(pa.array(piece))
+            new_ids = copy_ids(taken.column(c.ID).combine_chunks(), piece_number)
+            parts.write(folder, taken.set_column(taken.schema.get_field_index(c.ID), c.ID, new_ids))
+            parts.write(c.TURNS_DIR + folder[len(c.DATA_DIR):], _mixed_turns(turns, taken.column(c.ID), new_ids))
+
+
+def _turns_of(data_part: Path, folder: str) -> Path:
+    """The staged turns part written beside a staged data part (same chunk, same split, same number)."""
+    source_root = data_part.parents[len(Path(folder).parts)]
+    return source_root / c.TURNS_DIR / Path(folder).relative_to(c.DATA_DIR) / data_part.name
+
+
+def _mixed_turns(turns: pl.DataFrame, old_ids: pa.ChunkedArray, new_ids: pa.Array) -> pa.Table:
+    """The turns of the taken rows, in their order, each under its copy's id."""
+    wanted = pl.DataFrame({c.ID: pl.Series(old_ids.combine_chunks()), "_new": pl.Series(new_ids),
+                           "_order": np.arange(len(new_ids))})
+    joined = turns.join(wanted, on=c.ID, how="inner").sort("_order", c.TURN_INDEX, maintain_order=True)
+    return joined.with_columns(pl.col("_new").alias(c.ID)).select(turns.columns).to_arrow()
