@@ -57,7 +57,8 @@ def source_targets(
     if not live.any():
         return np.zeros_like(units), shares
     size = TOTALS[total](units[live], shares[live])
-    return np.minimum(shares * size, units * epochs), shares
+    cap = np.where(np.isinf(epochs), np.inf, units * np.where(np.isinf(epochs), 1.0, epochs))
+    return np.minimum(shares * size, cap), shares
 
 
 def _shares(values: np.ndarray) -> np.ndarray:

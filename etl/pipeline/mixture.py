@@ -165,7 +165,7 @@ def _note(entry: dict[str, Any], share: float, mix: Mixture) -> str | None:
                 f"it makes {realised:.1%} of the mixture")
     if repeat > 1.0 + 1e-9:
         return (f"source {name} is too small for its {share:.1%} share without repeating: repeated "
-                f"{repeat:.2f}x (its epochs would cap that)")
+                f"{repeat:.2f}x (its epochs can cap the repeats)")
     if not entry["share_met"]:
         return f"source {name} makes {realised:.1%} of the mixture, not {share:.1%}: its records are too few or too long"
     return None
