@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -21,11 +22,44 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from etl import columns as c
+from etl.config.mixture import Mixture
 from etl.output.part_writer import PartWriter, StagedParts
+from etl.pipeline.accounting import Counts
+from etl.pipeline.mix_plan import copies, source_targets
+from etl.pipeline.mix_summary import entry, shares_realised
 
 SIZE_COLUMNS = [c.ID, c.NUM_TOKENS, c.NUM_TRAINED, c.TRUNCATED]
 DRAW_SQL = "select md5_number_lower($seed || '/mix/' || id) as draw from sizes"
 COPY_MARK = "#"  # copy k > 1 of record `id` is `id#k`
+
+
+def mix_sources(mix: Mixture, staged: StagedParts, before: list[Counts], con: duckdb.DuckDBPyConnection,
+                parts: PartWriter) -> tuple[dict[str, Any], Counts]:
+    """Pass two: size each source's share, draw its records, write the mixed parts; the
+    manifest's `mixture` section and the run's counts."""
+    sources = [read_staged(staged, s.name) for s in mix.sources]
+    units = [s.units(mix.mix_by) for s in sources]
+    weighted = mix.sources[0].weight is not None
+    weights = np.array([s.weight or 0.0 for s in mix.sources]) if weighted else None
+    default_epochs = np.inf if weighted else 1.0
+    epochs = np.array([default_epochs if s.epochs is None else s.epochs for s in mix.sources])
+    targets, shares = source_targets(np.array([u.sum() for u in units]), weights=weights, epochs=epochs,
+                                     total=mix.mix_total)
+    taken = []
+    with parts.background():
+        for source, rows, target in zip(sources, units, targets, strict=True):
+            cp = copies(rows, draws(con, source.sizes, mix.seed), float(target))
+            write_mixed(source, cp, parts)
+            taken.append(cp)
+    entries = [entry(s, src, cp, n, mix.mix_by) for s, src, cp, n in zip(mix.sources, sources, taken, before,
+                                                                            strict=True)]
+    shares_realised(entries, shares, mix)
+    total = Counts(repeated=0)
+    for line in entries:
+        total.add(line.pop("_counts"))
+    summary = {"mix_by": mix.mix_by, "mix_total": mix.mix_total if weighted else None, "seed": mix.seed,
+               "sources": entries}
+    return summary, total
 
 
 @dataclass

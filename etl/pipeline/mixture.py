@@ -19,27 +19,32 @@ import shutil
 import threading
 import time
 from collections import Counter
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from etl.config.mixture import MixSource, Mixture
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
+from etl.formats.registry import connect
 from etl.ingest.discover import Source
 from etl.ingest.prefetch import Prefetch
 from etl.output.ownership import OutputWriter
 from etl.output.part_writer import PartWriter, StagedParts
 from etl.pipeline.accounting import Counts, Timings
-from etl.pipeline.chunk import RunState
-from etl.pipeline.mix_plan import copies, source_targets
-from etl.pipeline.mix_write import Staged, draws, read_staged, write_mixed
-from etl.pipeline.resources import Resources, build_resources, resources_for
-from etl.pipeline.run import finish, parsed_chunks, prepare_all, process, write_empty_rejects
-from etl.pipeline.startup import tune_malloc
+from etl.pipeline.run import (
+    HEAD_START,
+    Item,
+    finish,
+    parsed_chunks,
+    prepare_all,
+    process,
+    write_empty_rejects,
+)
+from etl.pipeline.startup import builder_query_for, preset_template, tune_malloc
 
-NOT_DRAWN = "not_drawn"  # drop reason of the records a mixture's down-sampling left out
-SHARE_TOLERANCE = 0.01  # realised share within 1% (absolute) of the requested one: "share_met"
+if TYPE_CHECKING:
+    from etl.pipeline.chunk import RunState
+    from etl.pipeline.resources import Resources
+
 
 
 def run_mixture(
@@ -55,15 +60,18 @@ def run_mixture(
     started = time.perf_counter()
     tune_malloc()
     run_timings = Timings()
-    res = build_resources(config)
+    parsing = threading.Event()  # set once: `startup` is the first source's first parse
+    first, res = _start(mix.sources[0], files[0], config, run_timings, parsing)
+    from etl.pipeline.chunk import RunState  # Polars: imported while the first chunk parses
+    from etl.pipeline.mix_write import mix_sources
+
     with OutputWriter(out, kind="run", keep=holds_inputs) as output:
         staged = StagedParts(output, output.staging())
         state = RunState(res=res, parts=staged, timings=run_timings)
-        parsing = threading.Event()  # set once: `startup` is the first source's first parse
-        before = [_tokenize(s, fs, state, parsing, progress=progress) for s, fs in zip(mix.sources, files,
-                                                                                        strict=True)]
+        before = [_tokenize(s, fs, state, parsing, first if i == 0 else None, progress=progress)
+                  for i, (s, fs) in enumerate(zip(mix.sources, files, strict=True))]
         with run_timings.timed("mix"):
-            summary, counts = _mix(mix, staged, before, res, PartWriter(output))
+            summary, counts = mix_sources(mix, staged, before, res.con, PartWriter(output))
         write_empty_rejects(staged)
         shutil.rmtree(staged.staging)  # journaled: a crash before this leaves it for the next run to remove
         manifest = finish(res, [f for fs in files for f in fs], counts, output, config, mixture=summary)
@@ -81,91 +89,35 @@ def _check_schemas(mix: Mixture) -> None:
                        "none (the data files of a run share one schema)")
 
 
-def _tokenize(source: MixSource, files: list[Source], state: RunState, parsing: threading.Event, *,
-              progress: bool) -> Counts:
+def _start(source: MixSource, files: list[Source], config: RunConfig, timings: Timings,
+           parsing: threading.Event) -> tuple[Prefetch[Item], Resources]:
+    """The first source's parse, started before the tokenizer loads (as `etl run` does: ~0.5 s of
+    imports and loading overlap DuckDB's parse); the run's resources."""
+    from etl.pipeline.resources import build_resources, resources_for
+
+    template = preset_template(config)
+    early = None if template is not None else build_resources(config)  # `hf`: the template needs it
+    con = connect() if early is None else early.con
+    query = (builder_query_for(source.config, template) if template is not None
+             else resources_for(early, source.config).builder_query())
+    first = Prefetch(parsed_chunks(files, source.config, query, con.cursor(), timings, parsing))
+    parsing.wait(timeout=HEAD_START)
+    return first, early or build_resources(config, template=template, con=con)
+
+
+def _tokenize(source: MixSource, files: list[Source], state: RunState, parsing: threading.Event,
+              started: Prefetch[Item] | None, *, progress: bool) -> Counts:
     """Pass one for one source: its chunks through the pipeline with its own config, staged."""
+    from etl.pipeline.resources import resources_for
+
     res = resources_for(state.res, source.config)
     assert isinstance(state.parts, StagedParts)
     state.parts.source = source.name
     # Dedup (when asked) and the once-per-run warnings span every source of the mixture.
     mine = dataclasses.replace(state, res=res, counts=Counts(), domain=source.domain)
-    query = res.builder_query()
-    with Prefetch(parsed_chunks(files, source.config, query, res.con.cursor(), state.timings, parsing)) as parsed:
+    if started is None:
+        started = Prefetch(parsed_chunks(files, source.config, res.builder_query(), res.con.cursor(),
+                                         state.timings, parsing))
+    with started as parsed:
         process(files, parsed, mine, progress=progress)
     return mine.counts
-
-
-def _mix(mix: Mixture, staged: StagedParts, before: list[Counts], res: Resources,
-         parts: PartWriter) -> tuple[dict[str, Any], Counts]:
-    """Pass two: size each source's share, draw its records, write the mixed parts; the
-    manifest's `mixture` section and the run's counts."""
-    sources = [read_staged(staged, s.name) for s in mix.sources]
-    units = [s.units(mix.mix_by) for s in sources]
-    weighted = mix.sources[0].weight is not None
-    weights = np.array([s.weight or 0.0 for s in mix.sources]) if weighted else None
-    default_epochs = np.inf if weighted else 1.0
-    epochs = np.array([default_epochs if s.epochs is None else s.epochs for s in mix.sources])
-    targets, shares = source_targets(np.array([u.sum() for u in units]), weights=weights, epochs=epochs,
-                                     total=mix.mix_total)
-    taken = []
-    with parts.background():
-        for source, rows, target in zip(sources, units, targets, strict=True):
-            cp = copies(rows, draws(res.con, source.sizes, mix.seed), float(target))
-            write_mixed(source, cp, parts)
-            taken.append(cp)
-    entries = [_entry(s, src, cp, n, mix.mix_by) for s, src, cp, n in zip(mix.sources, sources, taken, before,
-                                                                            strict=True)]
-    _shares_realised(entries, shares, mix)
-    total = Counts(repeated=0)
-    for entry in entries:
-        total.add(entry.pop("_counts"))
-    summary = {"mix_by": mix.mix_by, "mix_total": mix.mix_total if weighted else None, "seed": mix.seed,
-               "sources": entries}
-    return summary, total
-
-
-def _entry(source: MixSource, staged: Staged, cp: np.ndarray, counts: Counts, mix_by: str) -> dict[str, Any]:
-    """A source's line of the manifest's mixture: what it had, what the mix kept, its counts."""
-    kept = cp > 0
-    truncated = staged.sizes.column("truncated").to_numpy(zero_copy_only=False)
-    after = dataclasses.replace(counts, dropped=Counter(counts.dropped), written=int(kept.sum()),
-                                truncated=int((truncated & kept).sum()), repeated=int((cp - kept).sum()))
-    if (~kept).any():
-        after.dropped[NOT_DRAWN] += int((~kept).sum())
-    mixed = staged.totals(cp)
-    after.tokens, after.trained_tokens = mixed["tokens"], mixed["trained_tokens"]
-    assert after.add_up(), after
-    units_before = staged.units(mix_by).sum()
-    units_after = staged.units(mix_by) @ cp
-    return {"name": source.name, "domain": source.domain, "path": source.path, "weight": source.weight,
-            "epochs": source.epochs, "before": staged.totals(np.ones(len(cp), dtype=np.int64)),
-            "counts": after.to_json(), "repeat": round(float(units_after / units_before), 4) if units_before else None,
-            "_units": int(units_after), "_counts": after}
-
-
-def _shares_realised(entries: list[dict[str, Any]], shares: np.ndarray, mix: Mixture) -> None:
-    """Requested and realised shares of each source, and a one-line note where they differ."""
-    units = np.array([e.pop("_units") for e in entries], dtype=np.float64)
-    realised = units / units.sum() if units.sum() else np.zeros_like(units)
-    for entry, want, got in zip(entries, shares, realised, strict=True):
-        entry["requested_share"], entry["realised_share"] = round(float(want), 4), round(float(got), 4)
-        entry["share_met"] = bool(abs(got - want) <= SHARE_TOLERANCE)
-        entry["note"] = _note(entry, float(want), mix)
-
-
-def _note(entry: dict[str, Any], share: float, mix: Mixture) -> str | None:
-    """What to tell the user about a source whose share needed repeating, or was not met."""
-    repeat, name, realised = entry["repeat"], entry["name"], entry["realised_share"]
-    if repeat is None:
-        return f"source {name} has no examples to mix; the other sources keep their proportions"
-    if mix.sources[0].weight is None:
-        return None
-    if not entry["share_met"] and entry["epochs"] is not None:
-        return (f"source {name} is too small for its {share:.1%} share within epochs={entry['epochs']:g}: "
-                f"it makes {realised:.1%} of the mixture")
-    if repeat > 1.0 + 1e-9:
-        return (f"source {name} is too small for its {share:.1%} share without repeating: repeated "
-                f"{repeat:.2f}x (its epochs can cap the repeats)")
-    if not entry["share_met"]:
-        return f"source {name} makes {realised:.1%} of the mixture, not {share:.1%}: its records are too few or too long"
-    return None

@@ -1,0 +1,70 @@
+"""A mixture's line per source in the manifest: what it had, what the mix kept, its shares, a note.
+
+Counts per source add up as a run's do: records the mix left out are dropped as `not_drawn`,
+and copies beyond the first are counted apart (`repeated`), so data rows = written + repeated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from etl import columns as c
+from etl.config.mixture import MixSource, Mixture
+from etl.pipeline.accounting import Counts
+
+if TYPE_CHECKING:
+    from etl.pipeline.mix_write import Staged
+
+NOT_DRAWN = "not_drawn"  # drop reason of the records a mixture's down-sampling left out
+SHARE_TOLERANCE = 0.01  # realised share within 1% (absolute) of the requested one: "share_met"
+
+
+def entry(source: MixSource, staged: Staged, cp: np.ndarray, counts: Counts, mix_by: str) -> dict[str, Any]:
+    """A source's line of the manifest's mixture: what it had, what the mix kept, its counts."""
+    kept = cp > 0
+    truncated = staged.sizes.column(c.TRUNCATED).to_numpy(zero_copy_only=False)
+    after = dataclasses.replace(counts, dropped=Counter(counts.dropped), written=int(kept.sum()),
+                                truncated=int((truncated & kept).sum()), repeated=int((cp - kept).sum()))
+    if (~kept).any():
+        after.dropped[NOT_DRAWN] += int((~kept).sum())
+    mixed = staged.totals(cp)
+    after.tokens, after.trained_tokens = mixed["tokens"], mixed["trained_tokens"]
+    assert after.add_up(), after
+    units_before = staged.units(mix_by).sum()
+    units_after = staged.units(mix_by) @ cp
+    return {"name": source.name, "domain": source.domain, "path": source.path, "weight": source.weight,
+            "epochs": source.epochs, "before": staged.totals(np.ones(len(cp), dtype=np.int64)),
+            "counts": after.to_json(), "repeat": round(float(units_after / units_before), 4) if units_before else None,
+            "_units": int(units_after), "_counts": after}
+
+
+def shares_realised(entries: list[dict[str, Any]], shares: np.ndarray, mix: Mixture) -> None:
+    """Requested and realised shares of each source, and a one-line note where they differ."""
+    units = np.array([e.pop("_units") for e in entries], dtype=np.float64)
+    realised = units / units.sum() if units.sum() else np.zeros_like(units)
+    for entry, want, got in zip(entries, shares, realised, strict=True):
+        entry["requested_share"], entry["realised_share"] = round(float(want), 4), round(float(got), 4)
+        entry["share_met"] = bool(abs(got - want) <= SHARE_TOLERANCE)
+        entry["note"] = _note(entry, float(want), mix)
+
+
+def _note(entry: dict[str, Any], share: float, mix: Mixture) -> str | None:
+    """What to tell the user about a source whose share needed repeating, or was not met."""
+    repeat, name, realised = entry["repeat"], entry["name"], entry["realised_share"]
+    if repeat is None:
+        return f"source {name} has no examples to mix; the other sources keep their proportions"
+    if mix.sources[0].weight is None:
+        return None
+    if not entry["share_met"] and entry["epochs"] is not None:
+        return (f"source {name} is too small for its {share:.1%} share within epochs={entry['epochs']:g}: "
+                f"it makes {realised:.1%} of the mixture")
+    if repeat > 1.0 + 1e-9:
+        return (f"source {name} is too small for its {share:.1%} share without repeating: repeated "
+                f"{repeat:.2f}x (its epochs can cap the repeats)")
+    if not entry["share_met"]:
+        return f"source {name} makes {realised:.1%} of the mixture, not {share:.1%}: its records are too few or too long"
+    return None
