@@ -20,6 +20,7 @@ from etl.loader.balance import TokenBalance, token_balance
 from etl.loader.collate import COLLATE_FNS, Truncation, resolve_eos_id, resolve_pad_id
 from etl.loader.dataset import ParquetDataset
 from etl.loader.device import TorchCollate, resolve_device, to_device
+from etl.loader.domain_mix import DomainMix, dataset_domain_mix
 from etl.loader.options import check_choice, rank_world, resolve_seq_len
 from etl.loader.pack_sampler import make_pack_sampler
 from etl.loader.samplers import SAMPLERS, EpochSampler, RandomSampler
@@ -76,6 +77,11 @@ class ParquetLoader:
         balance_window: steps whose rows are regrouped before dealing (default 8); 1 keeps each
             step's rows as drawn (small B on a heavy tail cannot balance then; README
             "Token-balanced ranks").
+        domain_weights: ``{domain: weight}``: each epoch still has len(dataset) examples, domain
+            d's share w_d / sum(w) exactly up to rounding (its rows repeated or a seeded subset,
+            new every epoch; sampler ``random``: row chance w_d / (n_d sum(w))). Domains not
+            named are left out; packing packs the weighted rows online, never from `etl pack`'s
+            index (it holds every row once). README "Domain weights", `etl.loader.domain_mix`.
     """
 
     def __init__(
@@ -113,6 +119,7 @@ class ParquetLoader:
         eos_id: int | None = None,
         balance_tokens: bool | str = False,
         balance_window: int | None = None,
+        domain_weights: dict[str, float] | None = None,
     ):
         check_choice("sampler", sampler, sorted(SAMPLERS))
         check_choice("collate", collate, sorted(COLLATE_FNS))
@@ -129,7 +136,8 @@ class ParquetLoader:
         self.rank, self.world_size = rank_world(rank, world_size)
         self.device = resolve_device(device)
         common = {"batch_size": batch_size, "seed": seed, "shuffle": shuffle, "drop_last": drop_last,
-                  "balance": token_balance(balance_tokens, balance_window)}
+                  "balance": token_balance(balance_tokens, balance_window),
+                  "domains": dataset_domain_mix(self.dataset, domain_weights)}
         if packing is None:
             self.sampler = self._make_sampler(sampler, window=window, num_batches=num_batches,
                                               num_workers=num_workers, **common)
@@ -208,8 +216,10 @@ class ParquetLoader:
         num_batches: int | None,
         num_workers: int,
         balance: TokenBalance | None,
+        domains: DomainMix | None,
     ) -> EpochSampler | RandomSampler:
-        common = {"batch_size": batch_size, "seed": seed, "rank": self.rank, "balance": balance}
+        common = {"batch_size": batch_size, "seed": seed, "rank": self.rank, "balance": balance,
+                  "domains": domains}
         common["world_size"] = self.world_size
         if balance is not None:  # a row's real tokens: it is cut to S
             common["costs"] = np.minimum(self.dataset.example_lengths(), self.seq_len)

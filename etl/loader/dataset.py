@@ -13,11 +13,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch.utils.data
 
-from etl.columns import DATA_DIR, INPUT_IDS, LOSS_MASK, LOSS_WEIGHT, NUM_TOKENS
+from etl.columns import (
+    DATA_DIR,
+    DEFAULT_DOMAIN,
+    DOMAIN,
+    INPUT_IDS,
+    LOSS_MASK,
+    LOSS_WEIGHT,
+    NUM_TOKENS,
+)
 from etl.errors import EtlError
 from etl.loader.pack_request import PackRequest
 from etl.output.manifest import read_manifest
@@ -219,6 +228,28 @@ class ParquetDataset(torch.utils.data.Dataset):
             lengths.append(column.to_numpy().astype(np.int64, copy=False))
         every = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
         return every if self._rows is None else every[self._rows]
+
+    def domain_codes(self) -> tuple[np.ndarray, list[str]]:
+        """(len,) int64 domain code of every example and the domain name of each code.
+
+        The ``domain`` column of every part, dictionary-encoded by pyarrow (~10 bytes a row
+        read, one hash pass); a null, or a part without the column, reads as ``__default__``.
+        Codes number only the domains the dataset's rows hold (after ``min_tokens``).
+        """
+        chunks = []
+        for f, path in enumerate(self.files):
+            pf = self._handles.get(f) or open_part(path)
+            if DOMAIN in pf.schema_arrow.names:
+                chunks.extend(pf.read(columns=[DOMAIN])[0].cast(pa.string()).chunks)
+            else:
+                chunks.append(pa.nulls(pf.metadata.num_rows, pa.string()))
+        column = pc.fill_null(pa.chunked_array(chunks, type=pa.string()).combine_chunks(), DEFAULT_DOMAIN)
+        encoded = pc.dictionary_encode(column)
+        codes = encoded.indices.to_numpy().astype(np.int64)
+        codes = codes if self._rows is None else codes[self._rows]
+        used = np.bincount(codes, minlength=len(encoded.dictionary)) > 0
+        names = [n for n, u in zip(encoded.dictionary.to_pylist(), used, strict=True) if u]
+        return (np.cumsum(used) - 1)[codes], names
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         groups, local = self._locate(self._global_rows(np.array([index], dtype=np.int64)))

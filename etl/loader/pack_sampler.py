@@ -18,6 +18,7 @@ from etl.columns import ID
 from etl.errors import EtlError, EtlWarning
 from etl.loader.balance import TokenBalance
 from etl.loader.dataset import ParquetDataset
+from etl.loader.domain_mix import DomainMix, take_turns
 from etl.loader.orders import epoch_order
 from etl.loader.pack_request import PackRequest
 from etl.loader.samplers import _BatchSampler
@@ -52,23 +53,34 @@ def online_packing(
     truncation: str = "right",
     options: dict[str, Any] | None = None,
     turns: TurnSpans | None = None,
+    order: np.ndarray | None = None,
 ) -> Packing:
     """Shuffle the examples with ``seed + epoch`` (as `epoch_order` does), then pack them.
 
     Args:
         turns: the examples' turn spans, numbered like ``lengths`` (the stream packer's input).
+        order: the epoch's rows in packing order instead, repeats allowed (domain weights,
+            `etl.loader.domain_mix.DomainMix.epoch_order`); shuffle, blocks and mix then unused.
 
     Returns:
-        A `Packing` whose ``doc`` indexes ``lengths`` (the dataset's rows).
+        A `Packing` whose ``doc`` indexes ``lengths`` (the dataset's rows); with ``order``, it
+        numbers the positions of ``order`` instead (its row: ``order[doc]``), so two copies of
+        one example packed side by side stay two documents (`Packing.segments`).
     """
-    order = epoch_order(len(lengths), seed=seed, epoch=epoch, shuffle=shuffle, blocks=blocks, mix=mix)
     extra = dict(options or {})
-    if turns is not None:
-        extra["turns"] = turns.take_docs(order)
-    packing = pack(strategy, lengths[order], seq_len=seq_len, seed=seed + epoch, **extra)
-    packing = replace(packing, doc=order[packing.doc])
+    copies = order is not None
+    if order is None:
+        order = epoch_order(len(lengths), seed=seed, epoch=epoch, shuffle=shuffle, blocks=blocks, mix=mix)
+        if turns is not None:
+            extra["turns"] = turns.take_docs(order)
+    elif turns is not None:
+        extra["turns"] = take_turns(turns, order)  # take_docs would keep one copy of a repeat
+    fed = lengths[order]
+    packing = pack(strategy, fed, seq_len=seq_len, seed=seed + epoch, **extra)
+    if not copies:
+        packing, fed = replace(packing, doc=order[packing.doc]), lengths
     # Whole-example packers clip an example longer than S; `truncation` picks the end kept.
-    return packing if strategy in SPLITTING or truncation != "left" else keep_end(packing, lengths)
+    return packing if strategy in SPLITTING or truncation != "left" else keep_end(packing, fed)
 
 
 class PackSampler(_BatchSampler):
@@ -90,6 +102,8 @@ class PackSampler(_BatchSampler):
         rank, world_size: this process among the training ranks.
         balance: deal every step's packs to ranks by their real tokens (`etl.loader.balance`):
             the short packs an epoch ends with do not all land on one rank.
+        domains: pack each epoch's domain-weighted rows (`etl.loader.domain_mix`), repeats
+            included; online packing only (an index packs every row once).
     """
 
     kind = "pack"
@@ -114,14 +128,18 @@ class PackSampler(_BatchSampler):
         rank: int = 0,
         world_size: int = 1,
         balance: TokenBalance | None = None,
+        domains: DomainMix | None = None,
     ):
         super().__init__(len(lengths), batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
-                         balance=balance)
+                         balance=balance, domains=domains)
+        if domains is not None and index is not None:
+            raise EtlError("domain weights draw other rows every epoch; a pack index packs every row "
+                           "once: pass index=None to pack online")
         self.lengths, self.doc_rows, self.index = lengths, doc_rows, index
         self.strategy, self.seq_len, self.options = strategy, seq_len, dict(options or {})
         self.shuffle, self.drop_last, self.blocks, self.mix = shuffle, drop_last, blocks, mix
         self.truncation, self.turns = truncation, turns
-        self._packing: tuple[int, Packing] | None = None
+        self._packing: tuple[int, Packing, np.ndarray | None] | None = None
 
     def _fingerprint(self) -> dict[str, Any]:
         source = "index" if self.index is not None else "online"
@@ -130,18 +148,29 @@ class PackSampler(_BatchSampler):
                 "drop_last": self.drop_last, "truncation": self.truncation}
 
     def packing(self, epoch: int) -> Packing:
-        """The packs of ``epoch`` (``doc`` = dataset row online, global row from an index)."""
+        """The packs of ``epoch`` (``doc`` = dataset row online, global row from an index; with
+        domain weights, a position in the epoch's rows: `doc_rows_of`)."""
         if self._packing is None or self._packing[0] != epoch:
             if self.index is not None:
-                packing = self.index.packing
+                packing, doc_rows = self.index.packing, None  # an index holds global rows
             else:
+                shuffled = {"shuffle": self.shuffle, "blocks": self.blocks, "mix": self.mix}
+                order = None if self.domains is None else self.domains.epoch_order(
+                    seed=self.seed, epoch=epoch, **shuffled)
                 packing = online_packing(
                     self.lengths, strategy=self.strategy, seq_len=self.seq_len, seed=self.seed,
-                    epoch=epoch, shuffle=self.shuffle, blocks=self.blocks, mix=self.mix,
-                    truncation=self.truncation, options=self.options, turns=self.turns,
+                    epoch=epoch, truncation=self.truncation, options=self.options, turns=self.turns,
+                    order=order, **shuffled,
                 )
-            self._packing = (epoch, packing)
+                doc_rows = self.doc_rows if order is None else self.doc_rows[order]
+            self._packing = (epoch, packing, doc_rows)
         return self._packing[1]
+
+    def doc_rows_of(self, epoch: int) -> np.ndarray | None:
+        """Global row of every ``doc`` of `packing` (epoch); None: the docs are global rows."""
+        self.packing(epoch)
+        assert self._packing is not None
+        return self._packing[2]
 
     def _batches(self, epoch: int) -> list[np.ndarray]:
         packing = self.packing(epoch)
@@ -158,8 +187,7 @@ class PackSampler(_BatchSampler):
         return self._split(order, drop_last=self.drop_last, costs=costs)
 
     def _deliver(self, epoch: int, batch: np.ndarray) -> PackRequest:
-        doc_rows = None if self.index is not None else self.doc_rows  # an index holds global rows
-        return request_for(self.packing(epoch), batch, doc_rows)
+        return request_for(self.packing(epoch), batch, self.doc_rows_of(epoch))
 
 
 def make_pack_sampler(
@@ -178,6 +206,11 @@ def make_pack_sampler(
     index = read_pack_index(dataset.dst, dataset.split, ids=False)
     options = {k: v for k, v in (options or {}).items() if v is not None}
     wanted = {"strategy": strategy, "seq_len": seq_len, "options": options}
+    if index is not None and common.get("domains") is not None:
+        warnings.warn(f"{dataset.dst}: domain_weights repeat and leave out rows, a different set every "
+                      "epoch; the pack index packs every row once, so it is not used: packing online "
+                      "every epoch instead", EtlWarning, stacklevel=3)
+        index = None
     if index is not None:
         found = {"strategy": index.strategy, "seq_len": index.seq_len, "options": index.options}
         if strategy not in SPLITTING:  # which end of a clipped example survives

@@ -15,6 +15,7 @@ import numpy as np
 
 from etl.errors import EtlError
 from etl.loader.balance import TokenBalance
+from etl.loader.domain_mix import DomainMix
 from etl.loader.orders import epoch_order, interleave_for_workers, random_rows, split_for_rank
 
 # Re-exported: the samplers' orders lived here before `etl.loader.orders`.
@@ -26,7 +27,8 @@ class _BatchSampler(abc.ABC):
     """Shared state machine: current epoch, batches delivered in it, and resume.
 
     ``balance`` deals every step's rows to ranks by their tokens, ``costs`` (num_rows,) (a
-    `etl.loader.balance.TokenBalance`; None: rank r takes every W-th row).
+    `etl.loader.balance.TokenBalance`; None: rank r takes every W-th row). ``domains`` draws
+    each epoch's rows by domain weights (`etl.loader.domain_mix`; None: every row alike).
     """
 
     kind = "base"
@@ -41,6 +43,7 @@ class _BatchSampler(abc.ABC):
         world_size: int,
         balance: TokenBalance | None = None,
         costs: np.ndarray | None = None,
+        domains: DomainMix | None = None,
     ):
         if batch_size < 1:
             raise EtlError(f"batch_size must be >= 1, got {batch_size}")
@@ -52,6 +55,9 @@ class _BatchSampler(abc.ABC):
             raise EtlError(f"costs must give the tokens of every row ({num_rows}), got {len(costs)}")
         self.num_rows, self.batch_size, self.seed = num_rows, batch_size, seed
         self.rank, self.world_size, self.balance, self.costs = rank, world_size, balance, costs
+        if domains is not None and len(domains.codes) != num_rows:
+            raise EtlError(f"domains must give the domain of every row ({num_rows}), got {len(domains.codes)}")
+        self.domains = domains
         self.epoch, self.position = 0, 0
         self._cache: tuple[int, list[np.ndarray]] | None = None
 
@@ -94,6 +100,7 @@ class _BatchSampler(abc.ABC):
             "world_size": self.world_size,
             # None when off, so the states of earlier versions (no such key) still load.
             "balance_tokens": None if self.balance is None else self.balance.fingerprint(),
+            "domain_weights": None if self.domains is None else self.domains.fingerprint(),
         }
 
     def _split(self, order: np.ndarray, *, drop_last: bool, costs: np.ndarray | None = None) -> list[np.ndarray]:
@@ -141,6 +148,8 @@ class EpochSampler(_BatchSampler):
         num_workers: DataLoader workers, for `interleave_for_workers` (0 or 1: off).
         balance: deal every step's rows to ranks by tokens (`etl.loader.balance`); None: by
             position. costs: (num_rows,) real tokens of every row, needed with ``balance``.
+        domains: draw each epoch's num_rows rows by domain weights (some repeated, some left
+            out; `etl.loader.domain_mix.weighted_epoch_rows`), then order them as above.
     """
 
     kind = "epoch"
@@ -160,10 +169,11 @@ class EpochSampler(_BatchSampler):
         num_workers: int = 0,
         balance: TokenBalance | None = None,
         costs: np.ndarray | None = None,
+        domains: DomainMix | None = None,
     ):
         super().__init__(
             num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
-            balance=balance, costs=costs,
+            balance=balance, costs=costs, domains=domains,
         )
         self.shuffle, self.drop_last, self.blocks, self.mix = shuffle, drop_last, blocks, mix
         self.num_workers = num_workers
@@ -183,14 +193,12 @@ class EpochSampler(_BatchSampler):
         }
 
     def _batches(self, epoch: int) -> list[np.ndarray]:
-        order = epoch_order(
-            self.num_rows,
-            seed=self.seed,
-            epoch=epoch,
-            shuffle=self.shuffle,
-            blocks=self.blocks,
-            mix=self.mix,
-        )
+        options = {"seed": self.seed, "epoch": epoch, "shuffle": self.shuffle, "blocks": self.blocks,
+                   "mix": self.mix}
+        if self.domains is None:
+            order = epoch_order(self.num_rows, **options)
+        else:  # the epoch's weighted rows (as many as num_rows), ordered the same way
+            order = self.domains.epoch_order(**options)
         batches = self._split(order, drop_last=self.drop_last)
         return [batches[i] for i in interleave_for_workers(len(batches), self.num_workers)]
 
@@ -205,6 +213,8 @@ class RandomSampler(_BatchSampler):
         num_batches: batches per epoch.
         rank: this process's rank; world_size: number of ranks.
         balance, costs: token balancing, as in `EpochSampler` (a step's draws, dealt by tokens).
+        domains: draw row i with chance w_d / (n_d * sum(w)), d its domain
+            (`etl.loader.domain_mix.weighted_random_rows`); None: uniformly.
     """
 
     kind = "random"
@@ -220,10 +230,11 @@ class RandomSampler(_BatchSampler):
         world_size: int = 1,
         balance: TokenBalance | None = None,
         costs: np.ndarray | None = None,
+        domains: DomainMix | None = None,
     ):
         super().__init__(
             num_rows, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
-            balance=balance, costs=costs,
+            balance=balance, costs=costs, domains=domains,
         )
         self.num_batches = num_batches or max(1, num_rows // (batch_size * world_size))
 
@@ -231,15 +242,13 @@ class RandomSampler(_BatchSampler):
         return {**super()._fingerprint(), "num_batches": self.num_batches}
 
     def _batches(self, epoch: int) -> list[np.ndarray]:
-        draws = random_rows(
-            self.num_rows,
-            seed=self.seed,
-            epoch=epoch,
-            num_batches=self.num_batches,
-            batch_size=self.batch_size,
-            rank=None if self.balance else self.rank,
-            world_size=self.world_size,
-        )
+        options = {"seed": self.seed, "epoch": epoch, "num_batches": self.num_batches,
+                   "batch_size": self.batch_size, "rank": None if self.balance else self.rank,
+                   "world_size": self.world_size}
+        if self.domains is None:
+            draws = random_rows(self.num_rows, **options)
+        else:
+            draws = self.domains.random_rows(**options)
         return self._split(draws.ravel(), drop_last=True) if self.balance else list(draws)
 
 

@@ -32,13 +32,15 @@ from tests.helpers import seal
 Example = tuple[Sequence[int], Sequence[bool]]
 
 
-def _table(examples: Sequence[Example], split: str, first: int, weights: list | None) -> pa.Table:
+def _table(
+    examples: Sequence[Example], split: str, first: int, weights: list | None, domains: list | None = None
+) -> pa.Table:
     n = len(examples)
     cols: dict[str, Any] = {
         ID: pa.array([f"{split}-{first + i}" for i in range(n)], pa.string()),
         SOURCE_FILE: pa.array(["fixture.jsonl"] * n, pa.string()),
         SOURCE_LINE: pa.array(range(first, first + n), pa.int64()),
-        DOMAIN: pa.array(["__default__"] * n, pa.string()),
+        DOMAIN: pa.array(["__default__"] * n if domains is None else domains, pa.string()),
         SPLIT: pa.array([split] * n, pa.string()),
         INPUT_IDS: pa.array([list(ids) for ids, _ in examples], pa.list_(pa.int32())),
         LOSS_MASK: pa.array([list(map(bool, m)) for _, m in examples], pa.list_(pa.bool_())),
@@ -61,6 +63,7 @@ def write_dst(
     rows_per_file: int | None = None,
     manifest: dict[str, Any] | None = None,
     weights: dict[str, list] | None = None,
+    domains: dict[str, list] | None = None,
 ) -> Path:
     """Write ``root`` as `etl run` would: ``data/<split>/part-NNNNN.parquet`` and a manifest.
 
@@ -71,6 +74,7 @@ def write_dst(
         rows_per_file: rows per part file (default: one file per split).
         manifest: manifest keys overriding the defaults (pad_id 0, eot_id 1, seq_len 16).
         weights: split name -> per-example float lists for a `loss_weight` column.
+        domains: split name -> per-example `domain` values (default ``__default__``).
     """
     for split, examples in splits.items():
         out = root / DATA_DIR / split
@@ -79,8 +83,9 @@ def write_dst(
         for part, first in enumerate(range(0, max(len(examples), 1), per_file)):
             chunk = examples[first : first + per_file]
             w = None if weights is None else weights[split][first : first + per_file]
+            d = None if domains is None else domains[split][first : first + per_file]
             pq.write_table(
-                _table(chunk, split, first, w),
+                _table(chunk, split, first, w, d),
                 out / f"part-{part:05d}.parquet",
                 row_group_size=rows_per_group,
             )
