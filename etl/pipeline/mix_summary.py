@@ -8,19 +8,41 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from etl import columns as c
 from etl.config.mixture import MixSource, Mixture
 from etl.pipeline.accounting import Counts
 
-if TYPE_CHECKING:
-    from etl.pipeline.mix_write import Staged
-
 NOT_DRAWN = "not_drawn"  # drop reason of the records a mixture's down-sampling left out
 SHARE_TOLERANCE = 0.01  # realised share within 1% (absolute) of the requested one: "share_met"
+
+
+@dataclass
+class Staged:
+    """One source's staged data parts (path, folder, rows) and the sizes of their rows, in order."""
+
+    parts: list[tuple[Path, str, int]]
+    sizes: pa.Table
+
+    def units(self, mix_by: str) -> np.ndarray:
+        """Per example: its tokens, or 1 (mix_by examples)."""
+        if mix_by == "examples":
+            return np.ones(self.sizes.num_rows, dtype=np.int64)
+        return self.sizes.column(c.NUM_TOKENS).to_numpy().astype(np.int64)
+
+    def totals(self, cp: np.ndarray) -> dict[str, int]:
+        """Examples, tokens and trained tokens of these rows taken `cp` times each."""
+        tokens = self.sizes.column(c.NUM_TOKENS).to_numpy().astype(np.int64)
+        trained = self.sizes.column(c.NUM_TRAINED).to_numpy().astype(np.int64)
+        return {"examples": int(cp.sum()), "tokens": int((cp * tokens).sum()),
+                "trained_tokens": int((cp * trained).sum())}
+
 
 
 def entry(source: MixSource, staged: Staged, cp: np.ndarray, counts: Counts, mix_by: str) -> dict[str, Any]:

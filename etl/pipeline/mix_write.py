@@ -10,7 +10,6 @@ part is then rewritten once with its rows taken `copies` times: copy k > 1 of a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from etl.config.mixture import Mixture
 from etl.output.part_writer import PartWriter, StagedParts
 from etl.pipeline.accounting import Counts
 from etl.pipeline.mix_plan import copies, source_targets
-from etl.pipeline.mix_summary import entry, shares_realised
+from etl.pipeline.mix_summary import Staged, entry, shares_realised
 
 SIZE_COLUMNS = [c.ID, c.NUM_TOKENS, c.NUM_TRAINED, c.TRUNCATED]
 DRAW_SQL = "select md5_number_lower($seed || '/mix/' || id) as draw from sizes"
@@ -60,27 +59,6 @@ def mix_sources(mix: Mixture, staged: StagedParts, before: list[Counts], con: du
     summary = {"mix_by": mix.mix_by, "mix_total": mix.mix_total if weighted else None, "seed": mix.seed,
                "sources": entries}
     return summary, total
-
-
-@dataclass
-class Staged:
-    """One source's staged data parts (path, folder, rows) and the sizes of their rows, in order."""
-
-    parts: list[tuple[Path, str, int]]
-    sizes: pa.Table
-
-    def units(self, mix_by: str) -> np.ndarray:
-        """Per example: its tokens, or 1 (mix_by examples)."""
-        if mix_by == "examples":
-            return np.ones(self.sizes.num_rows, dtype=np.int64)
-        return self.sizes.column(c.NUM_TOKENS).to_numpy().astype(np.int64)
-
-    def totals(self, cp: np.ndarray) -> dict[str, int]:
-        """Examples, tokens and trained tokens of these rows taken `cp` times each."""
-        tokens = self.sizes.column(c.NUM_TOKENS).to_numpy().astype(np.int64)
-        trained = self.sizes.column(c.NUM_TRAINED).to_numpy().astype(np.int64)
-        return {"examples": int(cp.sum()), "tokens": int((cp * tokens).sum()),
-                "trained_tokens": int((cp * trained).sum())}
 
 
 def read_staged(staged: StagedParts, source: str) -> Staged:

@@ -5,8 +5,8 @@ default system, masks, truncation, max_items, domain) over the run's one tokeniz
 writing its examples to the staging folder (`etl.output.part_writer.StagedParts`). A source's
 token count is known only once it is tokenized, so the mix comes second: `etl.pipeline.mix_plan`
 sizes each source's share and `etl.pipeline.mix_write` rewrites the staged parts into `data`
-and `turns` with each record taken 0, 1 or more times. The extra write costs ~5% of a run (the
-staged parts are a few MiB of compressed ids per 16 MiB chunk of input).
+and `turns` with each record taken 0, 1 or more times. The second pass costs ~8% of a run (T0 20k chats as two
+sources: 0.45 s of 5.9 s): it reads back and rewrites the compressed token lists once.
 
 Accounting per source and in total: read == written + dropped + rejected, where records the
 mixture left out are dropped as `not_drawn` and up-sampled copies are counted apart (`repeated`).
