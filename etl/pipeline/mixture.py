@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from etl.pipeline.resources import Resources
 
 
-
 def run_mixture(
     dst: str, config: RunConfig, *, progress: bool = True, timings: Counter[str] | None = None
 ) -> dict[str, Any]:
