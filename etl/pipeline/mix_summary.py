@@ -56,8 +56,8 @@ def entry(source: MixSource, staged: Staged, cp: np.ndarray, counts: Counts, mix
     mixed = staged.totals(cp)
     after.tokens, after.trained_tokens = mixed["tokens"], mixed["trained_tokens"]
     assert after.add_up(), after
-    units_before = staged.units(mix_by).sum()
-    units_after = staged.units(mix_by) @ cp
+    units = staged.units(mix_by)
+    units_before, units_after = units.sum(), units @ cp
     return {"name": source.name, "domain": source.domain, "path": source.path, "weight": source.weight,
             "epochs": source.epochs, "before": staged.totals(np.ones(len(cp), dtype=np.int64)),
             "counts": after.to_json(), "repeat": round(float(units_after / units_before), 4) if units_before else None,

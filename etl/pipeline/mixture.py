@@ -24,26 +24,24 @@ from typing import TYPE_CHECKING, Any
 from etl.config.mixture import MixSource, Mixture
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
-from etl.formats.registry import connect
 from etl.ingest.discover import Source
 from etl.ingest.prefetch import Prefetch
 from etl.output.ownership import OutputWriter
 from etl.output.part_writer import PartWriter, StagedParts
 from etl.pipeline.accounting import Counts, Timings
 from etl.pipeline.run import (
-    HEAD_START,
     Item,
     finish,
     parsed_chunks,
     prepare_all,
     process,
+    start_parsing,
     write_empty_rejects,
 )
-from etl.pipeline.startup import builder_query_for, preset_template, tune_malloc
+from etl.pipeline.startup import tune_malloc
 
 if TYPE_CHECKING:
     from etl.pipeline.chunk import RunState
-    from etl.pipeline.resources import Resources
 
 
 def run_mixture(
@@ -60,7 +58,7 @@ def run_mixture(
     tune_malloc()
     run_timings = Timings()
     parsing = threading.Event()  # set once: `startup` is the first source's first parse
-    first, res = _start(mix.sources[0], files[0], config, run_timings, parsing)
+    first, res = start_parsing(config, files[0], run_timings, parsing, reads=mix.sources[0].config)
     from etl.pipeline.chunk import RunState  # Polars: imported while the first chunk parses
     from etl.pipeline.mix_write import mix_sources
 
@@ -86,22 +84,6 @@ def _check_schemas(mix: Mixture) -> None:
     if len(weighted) > 1:
         raise EtlError("config: input.weight_key is set on some sources only; set it on every source or "
                        "none (the data files of a run share one schema)")
-
-
-def _start(source: MixSource, files: list[Source], config: RunConfig, timings: Timings,
-           parsing: threading.Event) -> tuple[Prefetch[Item], Resources]:
-    """The first source's parse, started before the tokenizer loads (as `etl run` does: ~0.5 s of
-    imports and loading overlap DuckDB's parse); the run's resources."""
-    from etl.pipeline.resources import build_resources, resources_for
-
-    template = preset_template(config)
-    early = None if template is not None else build_resources(config)  # `hf`: the template needs it
-    con = connect() if early is None else early.con
-    query = (builder_query_for(source.config, template) if template is not None
-             else resources_for(early, source.config).builder_query())
-    first = Prefetch(parsed_chunks(files, source.config, query, con.cursor(), timings, parsing))
-    parsing.wait(timeout=HEAD_START)
-    return first, early or build_resources(config, template=template, con=con)
 
 
 def _tokenize(source: MixSource, files: list[Source], state: RunState, parsing: threading.Event,

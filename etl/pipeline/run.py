@@ -215,6 +215,35 @@ def prepare_all(srcs: list[str], dst: str, config: RunConfig) -> tuple[Path, lis
     return out, [sources for sources, _ in found], holds_inputs
 
 
+def start_parsing(
+    config: RunConfig, sources: list[Source], timings: Timings, parsing: threading.Event, *,
+    reads: RunConfig | None = None,
+) -> tuple[Prefetch[Item], Resources]:
+    """Start parsing `sources` (as config `reads` says, default `config`: a mixture's first source)
+    on the prefetch thread, then load the run's resources while the first chunk parses.
+
+    The first chunk parses (DuckDB, no GIL) while Polars and the tokenizer load (GIL). Reading it
+    holds the GIL, so it goes first rather than at half speed beside them.
+    """
+    reads = config if reads is None else reads
+    template = preset_template(config)
+    early = None if template is not None else _resources(config)  # `hf`: the template needs the tokenizer
+    con = connect() if early is None else early.con
+    if template is not None:
+        query = builder_query_for(reads, template)
+    else:
+        from etl.pipeline.resources import resources_for
+
+        query = resources_for(early, reads).builder_query()
+    parsed = Prefetch(parsed_chunks(sources, reads, query, con.cursor(), timings, parsing))
+    try:
+        parsing.wait(timeout=HEAD_START)
+        return parsed, early or _resources(config, template=template, con=con)
+    except BaseException:
+        parsed.__exit__(None, None, None)  # stop the prefetch thread: the run goes no further
+        raise
+
+
 def run(
     src: str, dst: str, config: RunConfig, *, progress: bool = True, timings: Counter[str] | None = None
 ) -> dict[str, Any]:
@@ -229,23 +258,15 @@ def run(
     started = time.perf_counter()
     tune_malloc()
     run_timings = Timings()
-    template = preset_template(config)
-    early = None if template is not None else _resources(config)  # `hf`: the template needs the tokenizer
-    con = connect() if early is None else early.con
-    query = builder_query_for(config, template) if template is not None else early.builder_query()
     parsing = threading.Event()
-    with Prefetch(parsed_chunks(sources, config, query, con.cursor(), run_timings, parsing)) as parsed:
-        # The first chunk parses (DuckDB, no GIL) while Polars and the tokenizer load (GIL).
-        # Reading it holds the GIL, so it goes first rather than at half speed beside them.
-        parsing.wait(timeout=HEAD_START)
-        res = early or _resources(config, template=template, con=con)
-        with OutputWriter(out, kind="run", keep=holds_inputs) as output:
-            from etl.pipeline.chunk import RunState
+    first, res = start_parsing(config, sources, run_timings, parsing)
+    with first as parsed, OutputWriter(out, kind="run", keep=holds_inputs) as output:
+        from etl.pipeline.chunk import RunState
 
-            state = RunState(res=res, parts=PartWriter(output), timings=run_timings)
-            process(sources, parsed, state, progress=progress)
-            write_empty_rejects(state.parts)
-            manifest = finish(res, sources, state.counts, output, config)
+        state = RunState(res=res, parts=PartWriter(output), timings=run_timings)
+        process(sources, parsed, state, progress=progress)
+        write_empty_rejects(state.parts)
+        manifest = finish(res, sources, state.counts, output, config)
     if timings is not None:
         timings.update(state.timings)
         timings["total"] = time.perf_counter() - started
