@@ -60,7 +60,7 @@ def bare_tokenizer(contents: list[str], tokenizer: Path, method: str = "encode_b
 def etl_run(src: Path, dst: Path, tokenizer: Path, seq_len: int) -> tuple[float, dict, int]:
     """Seconds, manifest and peak RSS (KiB) of `etl run` as a user runs it."""
     cmd = [sys.executable, "-m", "etl", "run", str(src), str(dst), "--tokenizer", str(tokenizer),
-           "--template", "chatml", "--seq-len", str(seq_len), "--no-default-system", "--quiet"]
+           "--template", "chatml", "--seq-len", str(seq_len), "--no-default-system", "--quiet", "--no-cache"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     started = time.perf_counter()
     subprocess.run(cmd, check=True)

@@ -51,9 +51,10 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def etl_cmd(src: Path, dst: Path, tokenizer: Path | str, *extra: str) -> list[str]:
-    """`etl run` at default settings with Qwen2.5 + chatml (only `--template` and the tokenizer set)."""
+    """`etl run` at default settings with Qwen2.5 + chatml (only `--template` and the tokenizer set),
+    without the token cache: every round tokenizes, as the peers do (bench/token_cache.py times the cache)."""
     return [sys.executable, "-m", "etl", "run", str(src), str(dst), "--tokenizer", str(tokenizer),
-            "--template", "chatml", "--quiet", *extra]
+            "--template", "chatml", "--quiet", "--no-cache", *extra]
 
 
 def rounds_of(jobs: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:

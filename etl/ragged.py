@@ -184,3 +184,44 @@ def from_examples(examples: Sequence[Mapping[str, np.ndarray]]) -> Ragged:
     ids = cat(INPUT_IDS)
     assert ids is not None  # every example dict has input_ids
     return Ragged(ids, starts, lengths, cat(LOSS_MASK), cat(LOSS_WEIGHT))
+
+
+def range_gather(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Indices of the concatenated ranges [starts[i], starts[i] + lengths[i]).
+
+    One cumulative sum over a delta array (1 inside a range, a jump at each range start)
+    instead of repeat + arange: a single pass and a single array, int32 when it fits.
+    """
+    keep = lengths > 0
+    starts, lengths = starts[keep], lengths[keep]
+    total = int(lengths.sum())
+    dtype = np.int32 if max(total, int(starts.max(initial=0)) + 1) < 2**31 else np.int64
+    delta = np.ones(total, dtype=dtype)
+    if total:
+        firsts = np.cumsum(lengths) - lengths
+        prev_last = np.concatenate(([0], (starts + lengths - 1)[:-1]))
+        delta[firsts] = starts - prev_last
+        delta[0] = starts[0]
+    return np.cumsum(delta, dtype=dtype, out=delta)  # in place: one index array, not two
+
+
+def gather_pieces(
+    sources: list[np.ndarray], piece_source: np.ndarray, src_start: np.ndarray, length: np.ndarray
+) -> np.ndarray:
+    """sources[piece_source[i]][src_start[i] : src_start[i] + length[i]] for every piece, in order.
+
+    One gather from the concatenated sources (2x faster than a gather and a scatter per
+    source), except that a source of which less than half is kept is first cut down to its
+    kept ranges: concatenating it whole copied a 22 MB message's every id to keep S of them
+    (bench/big_record.py). Copying what is kept twice costs less than copying it all once then.
+    """
+    if len(sources) == 1:
+        return sources[0][range_gather(src_start, length)]
+    sources, src_start = list(sources), src_start.copy()
+    for k, source in enumerate(sources):
+        sel = (piece_source == k) & (length > 0)
+        if len(source) > 2 * int(length[sel].sum()):
+            sources[k] = source[range_gather(src_start[sel], length[sel])] if sel.any() else source[:0]
+            src_start[sel] = np.cumsum(length[sel]) - length[sel]
+    base = np.cumsum([0] + [len(source) for source in sources[:-1]])
+    return np.concatenate(sources)[range_gather(src_start + base[piece_source], length)]

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "etl"
 # Stage families from the bottom up: each may import only those before it (and top-level
 # modules listed before it). What a newcomer should see in `ls etl/`.
 LAYERS = [
-    "errors", "columns", "ragged", "ui", "formats", "config", "ingest", "tokens", "output", "packing",
+    "errors", "columns", "ragged", "ui", "formats", "config", "ingest", "tokens", "cache", "output", "packing",
     "pipeline", "engine", "analysis", "loader", "sft", "torch", "commands", "cli", "__main__",
 ]
 

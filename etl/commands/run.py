@@ -47,22 +47,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", metavar="ADDR",
                    help="with --engine ray: the cluster to join (default $RAY_ADDRESS, else a local one)")
     add_flags(p, ("chunk_bytes", "max_record_bytes"))
+    add_cache_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--timings", action="store_true",
                    help="print wall seconds per stage (parse runs on a background thread, overlapping tokenize; "
                    "startup: from the process's start to the first chunk's parse)")
 
 
+def add_cache_flags(p: argparse.ArgumentParser) -> None:
+    """The token cache's flags (README "Token cache")."""
+    p.add_argument("--cache", metavar="DIR", help="token cache folder: content ids kept across runs, so a rerun "
+                   "with other options does not tokenize again (default $ETL_CACHE_DIR, else ~/.cache/etl/tokens)")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor fill the token cache")
+    p.add_argument("--cache-max-gb", type=float, metavar="GB", help="the cache's size cap; the least recently "
+                   "used segments go first (default $ETL_CACHE_MAX_GB, else 4)")
+
+
 def run(args: argparse.Namespace) -> int:
     from etl.pipeline.startup import tune_malloc
 
     tune_malloc()  # before the libraries allocate (and their threads take arenas)
+    from etl.cache.folder import CacheSettings
     from etl.config.from_file import config_from_args
     from etl.errors import EtlError
     from etl.pipeline.run import run as run_pipeline
 
     config = config_from_args(args)
     src, dst = _locations(args.src, args.dst, mixture=config.mixture is not None)
+    if args.no_cache and args.cache:
+        raise EtlError("--cache and --no-cache contradict each other; pass one")
+    cache = CacheSettings.resolve(args.cache, disabled=args.no_cache, max_gb=args.cache_max_gb)
     timings: Counter[str] = Counter()
     if config.mixture is not None:
         from etl.pipeline.mixture import run_mixture
@@ -70,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if args.engine == "ray":
             raise EtlError("a mixture (sources in the config) runs on the local engine only; drop --engine ray, "
                            "or run each source on Ray into its own DST")
-        manifest = run_mixture(dst, config, progress=not args.quiet, timings=timings)
+        manifest = run_mixture(dst, config, progress=not args.quiet, timings=timings, cache=cache)
     elif args.engine == "ray":
         from etl.engine.ray_run import require_ray
         from etl.engine.ray_run import run as run_ray
@@ -81,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.ray_address:
             raise EtlError("--ray-address needs --engine ray")
-        manifest = run_pipeline(src, dst, config, progress=not args.quiet, timings=timings)
+        manifest = run_pipeline(src, dst, config, progress=not args.quiet, timings=timings, cache=cache)
     if not args.quiet:
         for note in mixture_notes(manifest):
             print(f"etl run: {note}", file=sys.stderr)

@@ -41,13 +41,15 @@ from etl.pipeline.run import (
 from etl.pipeline.startup import tune_malloc
 
 if TYPE_CHECKING:
+    from etl.cache.folder import CacheSettings
     from etl.pipeline.chunk import RunState
 
 
 def run_mixture(
-    dst: str, config: RunConfig, *, progress: bool = True, timings: Counter[str] | None = None
+    dst: str, config: RunConfig, *, progress: bool = True, timings: Counter[str] | None = None,
+    cache: CacheSettings | None = None,
 ) -> dict[str, Any]:
-    """Run a mixture (`config.mixture`) into DST; returns the manifest it wrote."""
+    """Run a mixture (`config.mixture`) into DST; returns the manifest it wrote (`cache` as `run`'s)."""
     mix = config.mixture
     assert mix is not None
     _check_schemas(mix)
@@ -58,11 +60,11 @@ def run_mixture(
     tune_malloc()
     run_timings = Timings()
     parsing = threading.Event()  # set once: `startup` is the first source's first parse
-    first, res = start_parsing(config, files[0], run_timings, parsing, reads=mix.sources[0].config)
+    first, res = start_parsing(config, files[0], run_timings, parsing, reads=mix.sources[0].config, cache=cache)
     from etl.pipeline.chunk import RunState  # Polars: imported while the first chunk parses
     from etl.pipeline.mix_write import mix_sources
 
-    with OutputWriter(out, kind="run", keep=holds_inputs) as output:
+    with res.encoder, OutputWriter(out, kind="run", keep=holds_inputs) as output:
         staged = StagedParts(output, output.staging())
         state = RunState(res=res, parts=staged, timings=run_timings)
         before = [_tokenize(s, fs, state, parsing, first if i == 0 else None, progress=progress)
@@ -75,6 +77,7 @@ def run_mixture(
     if timings is not None:
         timings.update(run_timings)
         timings["total"] = time.perf_counter() - started
+        timings.update(res.encoder.saving())
     return {**manifest, "files": output.files()}
 
 

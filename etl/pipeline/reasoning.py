@@ -15,7 +15,7 @@ import polars as pl
 import pyarrow as pa
 
 from etl.columns import CONV, REASONING, ROLE, TURN_INDEX
-from etl.pipeline.assemble import range_gather
+from etl.ragged import range_gather
 
 Encoder = Callable[[pa.Array], pa.LargeListArray]
 

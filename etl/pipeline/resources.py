@@ -12,6 +12,8 @@ import pyarrow as pa
 
 from etl import __version__
 from etl import columns as c
+from etl.cache.encoder import Encoder
+from etl.cache.folder import CacheSettings
 from etl.config.run_config import MaskOptions, RunConfig
 from etl.errors import EtlError
 from etl.formats.registry import BUILDERS, BuilderQuery, connect
@@ -36,6 +38,8 @@ class Resources:
     con: duckdb.DuckDBPyConnection
     bos: list[int]
     eos: list[int]
+    # Every text the chunks tokenize goes through it: repeats once, the token cache (etl.cache).
+    encoder: Encoder
 
     @property
     def mask(self) -> MaskOptions:
@@ -87,11 +91,13 @@ def check_input_type(config: RunConfig) -> None:
 
 
 def build_resources(
-    config: RunConfig, *, template: Template | None = None, con: duckdb.DuckDBPyConnection | None = None
+    config: RunConfig, *, template: Template | None = None, con: duckdb.DuckDBPyConnection | None = None,
+    cache: CacheSettings | None = None,
 ) -> Resources:
     """Resolve tokenizer, template, BOS/EOS and the default system ids once per run.
 
     `template`: the preset `config.template` names, when the caller resolved it already.
+    `cache`: the token cache to read and fill; None: none (repeats in a batch still tokenize once).
     """
     check_input_type(config)
     from etl.tokens.hf_template import load_template_and_tokenizer
@@ -116,6 +122,7 @@ def build_resources(
         con=connect() if con is None else con,
         bos=bos,
         eos=eos,
+        encoder=Encoder(tokenizer, cache),
     )
 
 
@@ -156,4 +163,6 @@ def manifest_for(res: Resources, sources: list[Source], counts: Counts) -> dict[
         "default_system_ids": res.system_ids,
         "counts": counts.to_json(),
         "incomplete_inputs": counts.incomplete,
+        # Where the run's ids came from: the one entry that differs between a run and its rerun.
+        **({"token_cache": cached} if (cached := res.encoder.summary()) is not None else {}),
     }

@@ -43,6 +43,7 @@ from etl.pipeline.startup import (
 from etl.ui.progress import Progress
 
 if TYPE_CHECKING:
+    from etl.cache.folder import CacheSettings
     from etl.pipeline.chunk import RunState
     from etl.pipeline.resources import Resources
 
@@ -166,6 +167,7 @@ def finish(res: Resources, sources: list[Source], counts: Counts, output: Output
     from etl.pipeline.resources import manifest_for
 
     assert counts.add_up(), counts
+    res.encoder.close()  # the token cache's new segments, before the manifest that counts them
     manifest = {**manifest_for(res, sources, counts), **extra}
     if config.storage_format != "parquet":  # seed 004's bin/h5 next to the Parquet; numpy-only
         from etl.output.storage import write_run_storage
@@ -217,7 +219,7 @@ def prepare_all(srcs: list[str], dst: str, config: RunConfig) -> tuple[Path, lis
 
 def start_parsing(
     config: RunConfig, sources: list[Source], timings: Timings, parsing: threading.Event, *,
-    reads: RunConfig | None = None,
+    reads: RunConfig | None = None, cache: CacheSettings | None = None,
 ) -> tuple[Prefetch[Item], Resources]:
     """Start parsing `sources` (as config `reads` says, default `config`: a mixture's first source)
     on the prefetch thread, then load the run's resources while the first chunk parses.
@@ -227,7 +229,8 @@ def start_parsing(
     """
     reads = config if reads is None else reads
     template = preset_template(config)
-    early = None if template is not None else _resources(config)  # `hf`: the template needs the tokenizer
+    # `hf`: the template needs the tokenizer
+    early = None if template is not None else _resources(config, cache=cache)
     con = connect() if early is None else early.con
     if template is not None:
         query = builder_query_for(reads, template)
@@ -238,29 +241,31 @@ def start_parsing(
     parsed = Prefetch(parsed_chunks(sources, reads, query, con.cursor(), timings, parsing))
     try:
         parsing.wait(timeout=HEAD_START)
-        return parsed, early or _resources(config, template=template, con=con)
+        return parsed, early or _resources(config, template=template, con=con, cache=cache)
     except BaseException:
         parsed.__exit__(None, None, None)  # stop the prefetch thread: the run goes no further
         raise
 
 
 def run(
-    src: str, dst: str, config: RunConfig, *, progress: bool = True, timings: Counter[str] | None = None
+    src: str, dst: str, config: RunConfig, *, progress: bool = True, timings: Counter[str] | None = None,
+    cache: CacheSettings | None = None,
 ) -> dict[str, Any]:
     """Run the whole pipeline from SRC to DST; returns the manifest it wrote.
 
     DST must be new, empty or an earlier etl output; the run holds DST's lock throughout and
     removes only the files the previous manifest (or an interrupted run's journal) lists.
     `timings`, when given, receives wall seconds per stage (kept out of the manifest, which
-    must be byte-identical across runs).
+    must be byte-identical across runs). `cache`: the token cache (None: none; `etl run` passes
+    its flags' and environment's, `CacheSettings.resolve`).
     """
     out, sources, holds_inputs = prepare(src, dst, config)
     started = time.perf_counter()
     tune_malloc()
     run_timings = Timings()
     parsing = threading.Event()
-    first, res = start_parsing(config, sources, run_timings, parsing)
-    with first as parsed, OutputWriter(out, kind="run", keep=holds_inputs) as output:
+    first, res = start_parsing(config, sources, run_timings, parsing, cache=cache)
+    with res.encoder, first as parsed, OutputWriter(out, kind="run", keep=holds_inputs) as output:
         from etl.pipeline.chunk import RunState
 
         state = RunState(res=res, parts=PartWriter(output), timings=run_timings)
@@ -270,5 +275,6 @@ def run(
     if timings is not None:
         timings.update(state.timings)
         timings["total"] = time.perf_counter() - started
+        timings.update(res.encoder.saving())
     return {**manifest, "files": output.files()}
 

@@ -34,7 +34,7 @@ from etl.columns import (
     TOOLS_TEXT,
     TURN_INDEX,
 )
-from etl.pipeline.assemble import range_gather
+from etl.ragged import range_gather
 from etl.tokens.tool_format import RESULT_FIRST, RESULT_LAST, WITH_TOOLS, ToolIds
 from etl.tokens.tool_json import BadToolJson, call_parts, tool_lines
 

@@ -32,6 +32,9 @@ ENCODE_BYTES = 1 << 20
 # A text longer than this is encoded in pieces of about this size (`cut_points`):
 # one encode of a 20 MB message peaked at 2.5 GB (bench/big_record.py) and ran on one thread.
 PIECE_BYTES = 1 << 16
+# How content is encoded, beyond the tokenizer file: part of the token cache's key (`cache_key`),
+# so a change here starts a new cache rather than serving ids encoded the old way.
+CONTENT_ENCODING = "text: encode_special_tokens, added tokens as special, no special tokens added"
 
 
 _IDS = operator.attrgetter("ids")
@@ -92,6 +95,15 @@ class HFTokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def cache_key(self) -> str:
+        """Everything a text's ids depend on besides the text (`etl.cache`): the tokenizer file,
+        the tokenizers version and how content is encoded (long texts' cuts change no id)."""
+        import tokenizers
+
+        return json.dumps({"tokenizer_sha256": self.sha256, "tokenizers": tokenizers.__version__,
+                           "content": CONTENT_ENCODING}, sort_keys=True)
 
     def encode_texts(self, texts: pa.Array, *, timings: Counter[str] | None = None) -> pa.LargeListArray:
         """Ids of every text, as if each were encoded whole.

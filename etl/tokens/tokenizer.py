@@ -32,6 +32,8 @@ class TextTokenizer(Protocol):
     name: str
     path: str | None
     sha256: str | None
+    # What a text's ids depend on besides the text; None: not worth caching (etl.cache).
+    cache_key: str | None
 
     @property
     def vocab_size(self) -> int: ...
@@ -67,6 +69,7 @@ class ByteTokenizer:
     name = BYTES
     path = None
     sha256 = None
+    cache_key = None  # a view of the text's bytes: nothing a cache could save (etl.cache)
 
     def __init__(self, special_tokens: Sequence[str] = ()) -> None:
         unique = list(dict.fromkeys(special_tokens))

@@ -1,0 +1,190 @@
+"""Where the token cache lives, what it may hold and how it is emptied: `etl cache info|clear`.
+
+    <root>/ETL_TOKEN_CACHE        marker: etl made this folder, and removes only its own files
+    <root>/runs.jsonl             one line per run: strings, hits, tokens, seconds (hit rates)
+    <root>/<namespace>/key.json   what the ids of that folder depend on (tokenizer sha256, ...)
+    <root>/<namespace>/<sha256>.parquet   segments (`etl.cache.segments`)
+
+The root is `--cache DIR`, else $ETL_CACHE_DIR, else ~/.cache/etl/tokens. Its size is capped
+(`--cache-max-gb`, $ETL_CACHE_MAX_GB, default 4 GB): when a run ends the least recently used
+segments go first. Nothing without the marker, and nothing but etl's own names, is ever removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from etl.errors import EtlError
+
+ENV_DIR, ENV_MAX_GB = "ETL_CACHE_DIR", "ETL_CACHE_MAX_GB"
+DEFAULT_MAX_GB = 4.0
+MARKER = "ETL_TOKEN_CACHE"
+RUNS_LOG, KEY_FILE = "runs.jsonl", "key.json"
+LOG_KEEP = 1000  # runs the log keeps (~200 B each)
+STALE_TMP_SECONDS = 24 * 3600  # a temporary file this old is a crashed writer's, not a live one's
+SEGMENT_NAME = re.compile(r"^[0-9a-f]{64}\.parquet$")  # <sha256 of its bytes>.parquet
+TMP_PREFIX = ".tmp-"  # files being written: renamed into place when whole
+
+
+def is_segment(path: Path) -> bool:
+    return SEGMENT_NAME.match(path.name) is not None
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """Where the cache is (None: --no-cache) and its size cap in bytes."""
+
+    root: Path | None
+    max_bytes: int = int(DEFAULT_MAX_GB * 1e9)
+
+    @classmethod
+    def resolve(cls, folder: str | None = None, *, disabled: bool = False, max_gb: float | None = None) -> CacheSettings:
+        """--cache DIR / --no-cache / --cache-max-gb, else $ETL_CACHE_DIR and $ETL_CACHE_MAX_GB, else defaults."""
+        root = None if disabled else Path(folder).expanduser() if folder else default_root()
+        return cls(root, max_bytes(max_gb))
+
+
+def default_root() -> Path:
+    return Path(os.environ.get(ENV_DIR) or Path.home() / ".cache" / "etl" / "tokens").expanduser()
+
+
+def max_bytes(max_gb: float | None = None) -> int:
+    """The size cap in bytes: the flag's, else $ETL_CACHE_MAX_GB's, else 4 GB."""
+    if max_gb is None:
+        raw = os.environ.get(ENV_MAX_GB)
+        try:
+            max_gb = float(raw) if raw else DEFAULT_MAX_GB
+        except ValueError:
+            raise EtlError(f"{ENV_MAX_GB}={raw!r} is not a number of GB; set it to e.g. 4, or unset it") from None
+    if max_gb < 0:
+        raise EtlError(f"the token cache's size cap must be >= 0 GB, got {max_gb}")
+    return int(max_gb * 1e9)
+
+
+def is_cache(root: Path) -> bool:
+    return (root / MARKER).is_file()
+
+
+def open_root(root: Path) -> Path:
+    """The cache root, made (with its marker) when missing.
+
+    Raises:
+        EtlError: `root` is a file, or a folder that holds other files and is not a token cache.
+    """
+    if root.exists() and not root.is_dir():
+        raise EtlError(f"token cache {root} is a file; pass a folder to --cache (or --no-cache)")
+    if root.is_dir() and not is_cache(root) and any(root.iterdir()):
+        raise EtlError(f"token cache {root} holds files and is not an etl token cache (no {MARKER}); pass a new "
+                       "or empty folder to --cache, or --no-cache")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / MARKER).write_text("etl token cache: `etl cache clear` empties it; safe to delete\n")
+    except OSError as exc:
+        raise EtlError(f"token cache {root} cannot be written ({exc}); pass another --cache DIR or --no-cache") from exc
+    return root
+
+
+def namespace(root: Path, cache_key: str) -> Path:
+    """The folder of one tokenizer and encoding: a digest of its key, the key written beside."""
+    folder = root / hashlib.sha256(cache_key.encode()).hexdigest()[:32]
+    folder.mkdir(exist_ok=True)
+    key = folder / KEY_FILE
+    if not key.is_file():
+        tmp = folder / f"{TMP_PREFIX}{os.getpid()}-key.json"
+        tmp.write_text(cache_key)
+        os.replace(tmp, key)
+    return folder
+
+
+def namespaces(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir() and (p / KEY_FILE).is_file()) if root.is_dir() else []
+
+
+def segments(root: Path) -> list[Path]:
+    """Every segment of every namespace."""
+    return [p for folder in namespaces(root) for p in sorted(folder.iterdir()) if is_segment(p)]
+
+
+def evict(root: Path, limit: int) -> tuple[int, int]:
+    """Remove the least recently used segments until the cache holds at most `limit` bytes, and
+    temporary files a crashed writer left a day ago; (segments removed, bytes freed)."""
+    now = time.time()
+    for folder in namespaces(root):
+        for p in folder.glob(f"{TMP_PREFIX}*"):
+            _remove_if(p, lambda st: now - st.st_mtime > STALE_TMP_SECONDS)
+    found = []
+    for p in segments(root):
+        try:
+            st = p.stat()
+        except FileNotFoundError:  # another run evicted it just now
+            continue
+        found.append((st.st_mtime, p.name, st.st_size, p))
+    total, removed, freed = sum(f[2] for f in found), 0, 0
+    for _, _, size, path in sorted(found):
+        if total - freed <= limit:
+            break
+        path.unlink(missing_ok=True)
+        removed, freed = removed + 1, freed + size
+    return removed, freed
+
+
+def _remove_if(path: Path, test: Any) -> None:
+    try:
+        if test(path.stat()):
+            path.unlink(missing_ok=True)
+    except FileNotFoundError:
+        pass
+
+
+def log_run(root: Path, entry: dict[str, Any]) -> None:
+    """Append one run's line (a single write of < 4 KiB: whole even beside another run's)."""
+    log = root / RUNS_LOG
+    with log.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(entry, sort_keys=True) + "\n")
+    if log.stat().st_size > LOG_KEEP * 400:
+        lines = log.read_text("utf-8").splitlines(keepends=True)[-LOG_KEEP:]
+        tmp = root / f"{TMP_PREFIX}{os.getpid()}-{RUNS_LOG}"
+        tmp.write_text("".join(lines), "utf-8")
+        os.replace(tmp, log)
+
+
+def runs(root: Path) -> list[dict[str, Any]]:
+    """The logged runs, oldest first (a line a crash cut short is skipped)."""
+    log = root / RUNS_LOG
+    out = []
+    for line in log.read_text("utf-8").splitlines() if log.is_file() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def clear(root: Path) -> tuple[int, int]:
+    """Remove every segment, key, temporary file and the log; (files removed, bytes freed).
+
+    Raises:
+        EtlError: `root` is not a token cache (no marker): nothing is removed.
+    """
+    if not root.is_dir():
+        return 0, 0
+    if not is_cache(root):
+        raise EtlError(f"{root} is not an etl token cache (no {MARKER} in it); nothing removed")
+    removed = freed = 0
+    for folder in namespaces(root):
+        for p in list(folder.iterdir()):
+            if is_segment(p) or p.name == KEY_FILE or p.name.startswith(TMP_PREFIX):
+                freed += p.stat().st_size
+                p.unlink(missing_ok=True)
+                removed += 1
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    (root / RUNS_LOG).unlink(missing_ok=True)
+    return removed, freed
