@@ -101,11 +101,14 @@ def cache_table(src: Path, tmp: Path, tokenizer: Path, rounds: int) -> Table:
              f"{walls['cold cache'] / walls[name]:.2f}x"] for name, rs in runs.items()]
     manifest = json.loads((tmp / "warm-cache-other-S" / "_manifest.json").read_text())["token_cache"]
     cold = json.loads((tmp / "cold-cache" / "_manifest.json").read_text())["token_cache"]
-    notes = [f"Cold run's cost over --no-cache: {walls['cold cache'] / walls['no cache'] - 1:+.1%} (median wall). "
-             f"Warm run at another S: {walls['cold cache'] / walls['warm cache, other S']:.1f}x faster than the cold run.",
-             f"Cold: {cold['strings']:,} texts read, {cold['distinct']:,} distinct per batch, {cold['tokenized']:,} "
-             f"tokenized. Warm: hit rate {manifest['hit_rate']:.1%}, {manifest['tokenized']:,} tokenized, "
-             f"{manifest['tokens_from_cache']:,} tokens read from the cache.",
+    cpu = {name: statistics.median(r.cpu for r in rs) for name, rs in runs.items()}
+    notes = [(f"Cold run's cost over --no-cache: {walls['cold cache'] / walls['no cache'] - 1:+.1%} wall, "
+              f"{cpu['cold cache'] / cpu['no cache'] - 1:+.1%} CPU (medians). Warm run at another S: "
+              f"{walls['cold cache'] / walls['warm cache, other S']:.1f}x faster than the cold run "
+              f"({cpu['cold cache'] / cpu['warm cache, other S']:.1f}x less CPU)."),
+             (f"Cold: {cold['strings']:,} texts read, {cold['distinct']:,} distinct per batch, {cold['tokenized']:,} "
+              f"tokenized. Warm: hit rate {manifest['hit_rate']:.1%}, {manifest['tokenized']:,} tokenized, "
+              f"{manifest['tokens_from_cache']:,} tokens read from the cache."),
              *same_bytes(tmp, src, tokenizer)]
     if (g := glaive(tmp, tokenizer)) is not None:
         notes.append(f"glaive ({GLAIVE.name}, sharegpt with tools, first run on an empty cache): {g['strings']:,} "

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import duckdb
 import numpy as np
@@ -40,6 +40,8 @@ class EncodeStats:
     tokenized: int = 0  # texts the tokenizer saw
     tokens_from_cache: int = 0
     tokens_tokenized: int = 0
+    segments_written: int = 0
+    segments_damaged: int = 0  # failed their checksum: ignored, removed, their texts tokenized again
     tokenizer_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -47,6 +49,11 @@ class EncodeStats:
         del body["tokenizer_seconds"]  # the manifest holds no timings
         body["hit_rate"] = round(self.from_cache / self.distinct, 4) if self.distinct else 0.0
         return body
+
+    def add(self, other: EncodeStats, sign: int = 1) -> None:
+        """Add (sign -1: take away) another's counts: a Ray worker's chunk into the driver's."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + sign * getattr(other, f.name))
 
 
 class Encoder:
@@ -58,10 +65,22 @@ class Encoder:
         self.stats = EncodeStats()
         self.root = fo.open_root(settings.root) if settings and settings.root and self.key else None
         self.limit = settings.max_bytes if settings else 0
-        self.store = SegmentStore(fo.namespace(self.root, self.key)) if self.root and self.key else None
-        self.con = duckdb.connect() if self.store else None
+        self._store: SegmentStore | None = None  # opened at the first encode (a Ray driver never does)
+        self.con = duckdb.connect() if self.root else None
         self.lock = threading.Lock()  # Polars may run two of a chunk's encodes at once
         self.closed = False
+
+    @property
+    def store(self) -> SegmentStore | None:
+        """The cache's segments for this tokenizer (None: no cache); its index is read on first use."""
+        if self._store is None and self.root is not None and self.key is not None:
+            self._store = SegmentStore(fo.namespace(self.root, self.key))
+        return self._store
+
+    def _sync(self) -> EncodeStats:
+        if self._store is not None:
+            self.stats.segments_written, self.stats.segments_damaged = self._store.written, self._store.corrupt
+        return self.stats
 
     def encode(self, texts: pa.Array, timings: Counter[str] | None = None) -> pa.LargeListArray:
         """Ids of every text (a large_list<int32> array), as `TextTokenizer.encode_texts` gives them."""
@@ -120,37 +139,42 @@ class Encoder:
             sources.append(fresh)
         return sources, source, row
 
-    def __enter__(self) -> Encoder:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()  # what a failed run tokenized is still right: keep it
 
+    def flush(self) -> EncodeStats:
+        """Write the ids tokenized so far (a Ray worker after each chunk); the counts until now."""
+        if self._store is not None:
+            self._store.flush()
+        return dataclasses.replace(self._sync())
+
     def close(self) -> None:
         """Write the run's new ids, keep the cache under its cap, log the run (once)."""
-        if self.store is None or self.closed:
+        if self.root is None or self.closed:
             return
         self.closed = True
-        self.store.flush()
+        self.flush()
         fo.evict(self.root, self.limit)
-        fo.log_run(self.root, {"time": round(time.time()), "namespace": self.store.folder.name,
+        fo.log_run(self.root, {"time": round(time.time()), "namespace": fo.namespace(self.root, self.key).name,
                                "tokenizer_seconds": round(self.stats.tokenizer_seconds, 3), **self.stats.to_json()})
 
     def summary(self) -> dict[str, Any] | None:
         """The manifest's `token_cache`: where ids came from (None for a tokenizer without a cache key)."""
         if self.key is None:
             return None
-        written = {"segments_written": self.store.written, "segments_damaged": self.store.corrupt} if self.store else {}
-        return {"dir": str(self.root) if self.root else None, **self.stats.to_json(), **written}
+        return {"dir": str(self.root) if self.root else None, **self._sync().to_json()}
 
     def saving(self) -> dict[str, float]:
         """`--timings`' estimate of the seconds the cache saved: its tokens at this run's tokenizer
         rate (or the last logged run's of this tokenizer, when this run tokenized nothing)."""
-        if self.store is None or not self.stats.tokens_from_cache:
+        if self.root is None or not self.stats.tokens_from_cache:
             return {}
         rate = self.stats.tokens_tokenized / self.stats.tokenizer_seconds if self.stats.tokenizer_seconds > 0.1 else 0
         if not rate:
-            logged = [r for r in fo.runs(self.root) if r.get("namespace") == self.store.folder.name
+            logged = [r for r in fo.runs(self.root) if r.get("namespace") == fo.namespace(self.root, self.key).name
                       and r.get("tokenizer_seconds", 0) > 0.1]
             rate = logged[-1]["tokens_tokenized"] / logged[-1]["tokenizer_seconds"] if logged else 0
         return {SAVED: self.stats.tokens_from_cache / rate} if rate else {}

@@ -43,7 +43,7 @@ def write_segment(folder: Path, keys: np.ndarray, ids: pa.LargeListArray) -> Pat
     pq.write_table(table, sink, compression=COMPRESSION, use_dictionary=False, row_group_size=ROW_GROUP)
     data = sink.getvalue()
     final = folder / f"{hashlib.sha256(data).hexdigest()}.parquet"
-    if final.exists():  # the same bytes are there already (another run cached the same texts)
+    if final.is_file() and final.read_bytes() == data:  # another run cached the same texts
         return final
     tmp = folder / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}.parquet"
     try:

@@ -19,7 +19,16 @@ import pyarrow as pa
 
 from etl.cache import index as ix
 from etl.cache.folder import is_segment
-from etl.cache.segments import IDS, KEY0, KEY1, CorruptSegment, as_ids, read_segment, segment_keys, write_segment
+from etl.cache.segments import (
+    IDS,
+    KEY0,
+    KEY1,
+    CorruptSegment,
+    as_ids,
+    read_segment,
+    segment_keys,
+    write_segment,
+)
 from etl.errors import EtlWarning
 
 # New ids held before they are written as one segment: 16M ids (64 MB), about T0's 55k chats.
@@ -78,9 +87,9 @@ class SegmentStore:
             todo = np.flatnonzero(seg < 0)
             at = ix.find(index, keys[todo])
             hit = at != ix.MISSING
+            if self.bad:  # a damaged or vanished segment's keys fall through to this run's ids
+                hit[hit] = ~np.isin(index.seg[at[hit]], list(self.bad))
             seg[todo[hit]], row[todo[hit]] = index.seg[at[hit]], index.row[at[hit]]
-        if self.bad:
-            seg[np.isin(seg, list(self.bad))] = -1
         return seg, row
 
     def segment(self, number: int) -> Loaded | None:

@@ -67,8 +67,8 @@ def info(root: Path, *, last: int) -> dict[str, Any]:
 def render(about: dict[str, Any]) -> str:
     if not about["exists"]:
         return f"token cache {about['dir']}: empty (no run has filled it yet)"
-    lines = [f"token cache {about['dir']}: {about['bytes'] / 1e6:,.1f} MB of {about['max_bytes'] / 1e9:g} GB cap, "
-             f"{sum(s['segments'] for s in about['namespaces'])} segments"]
+    size = f"{about['bytes'] / 1e6:,.1f} MB of {about['max_bytes'] / 1e9:g} GB cap"
+    lines = [f"token cache {about['dir']}: {size}, {sum(s['segments'] for s in about['namespaces'])} segments"]
     for s in about["namespaces"]:
         lines.append(f"  {s['namespace']}: {s['segments']} segments, {s['bytes'] / 1e6:,.1f} MB "
                      f"(tokenizer sha256 {str(s['tokenizer_sha256'])[:12]}, tokenizers {s['tokenizers']})")

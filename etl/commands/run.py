@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
         require_ray()
         manifest = run_ray(src, dst, config, address=args.ray_address, progress=not args.quiet,
-                           timings=timings)
+                           timings=timings, cache=cache)
     else:
         if args.ray_address:
             raise EtlError("--ray-address needs --engine ray")
@@ -105,9 +105,24 @@ def run(args: argparse.Namespace) -> int:
     if args.timings:
         # tokenize_plan includes the tokenizer's own time, shown on its own line too; tokenizer
         # includes tokenizer_ids (copying ids out of the tokenizer's Python lists into numpy).
+        saved = timings.pop("token_cache_saved", None)
         stages = ", ".join(f"{name} {sec:.2f}s" for name, sec in sorted(timings.items(), key=lambda kv: -kv[1]))
         print(f"etl run timings: {stages}", file=sys.stderr)
+        if line := cache_line(manifest.get("token_cache"), saved):
+            print(line, file=sys.stderr)
     return _incomplete(manifest)
+
+
+def cache_line(cache: dict[str, Any] | None, saved: float | None) -> str | None:
+    """--timings' line on the token cache: texts read back, and the tokenizer seconds that saved."""
+    if not cache:
+        return None
+    where = f"token cache {cache['dir']}" if cache["dir"] else "no token cache (--no-cache)"
+    line = (f"etl run: {where}: {cache['strings']:,} texts, {cache['distinct']:,} distinct per batch, "
+            f"{cache['from_cache']:,} read from the cache ({cache['hit_rate']:.1%}), {cache['tokenized']:,} tokenized")
+    if saved:
+        line += f"; saved ~{saved:.1f}s of tokenizing ({cache['tokens_from_cache']:,} tokens at this tokenizer's rate)"
+    return line
 
 
 def _locations(src: str | None, dst: str | None, *, mixture: bool) -> tuple[str, str]:

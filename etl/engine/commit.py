@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from etl import columns as c
+from etl.cache.encoder import EncodeStats
 from etl.engine.chunks import CHUNK, FILE
-from etl.engine.worker import COUNTS, PARTS, TIMINGS
+from etl.engine.worker import CACHE, COUNTS, PARTS, TIMINGS
 from etl.output.ownership import OutputWriter
 from etl.output.parquet import REJECTS_SCHEMA, write_part
 from etl.pipeline.accounting import Counts
@@ -44,6 +45,14 @@ def merge_timings(results: list[dict[str, Any]]) -> Counter[str]:
     total: Counter[str] = Counter()
     for result in results:
         total.update(json.loads(result[TIMINGS]))
+    return total
+
+
+def merge_cache_stats(results: list[dict[str, Any]]) -> EncodeStats:
+    """The workers' token cache counts, summed over the chunks."""
+    total = EncodeStats()
+    for result in results:
+        total.add(EncodeStats(**json.loads(result[CACHE])))
     return total
 
 

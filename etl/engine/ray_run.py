@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from etl.cache.folder import CacheSettings
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 
@@ -60,7 +61,7 @@ def _cpus() -> int:
     return int(ray.cluster_resources().get("CPU", 1))
 
 
-def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int) -> Any:
+def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int, cache: CacheSettings | None) -> Any:
     """The Ray dataset of per-chunk results (`etl.engine.worker.RESULT_SCHEMA` rows)."""
     import ray
 
@@ -88,7 +89,7 @@ def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int) -> Any:
         parsed = parsed.repartition(target_num_rows_per_block=1)
     return parsed.map_batches(
         ChunkProcessor, fn_constructor_kwargs={"config": for_workers(cfg), "sources": sources, "staging": str(staging),
-                                               "threads": THREADS_PER_ACTOR},
+                                               "threads": THREADS_PER_ACTOR, "cache": cache},
         batch_size=1, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=ACTOR_CPUS,
     )
 
@@ -112,7 +113,7 @@ def worker_error(exc: Exception) -> EtlError:
 
 def _finish(res: Any, sources: list[Any], results: list[dict[str, Any]], output: Any, staging: Path) -> dict[str, Any]:
     """Rename the workers' parts into place, then storage files, the card, the manifest last."""
-    from etl.engine.commit import commit_parts, merge_counts
+    from etl.engine.commit import commit_parts, merge_cache_stats, merge_counts
     from etl.output.card import write_card
     from etl.pipeline.resources import manifest_for
 
@@ -120,6 +121,8 @@ def _finish(res: Any, sources: list[Any], results: list[dict[str, Any]], output:
     counts = merge_counts(results)
     assert counts.add_up(), counts
     commit_parts(output, staging, results)
+    res.encoder.stats.add(merge_cache_stats(results))  # the workers' cache counts, logged by close
+    res.encoder.close()
     manifest = manifest_for(res, sources, counts)
     if config.storage_format != "parquet":
         from etl.output.storage import write_run_storage
@@ -135,12 +138,13 @@ def _finish(res: Any, sources: list[Any], results: list[dict[str, Any]], output:
 
 def run(
     src: str, dst: str, config: RunConfig, *, address: str | None = None, progress: bool = True,
-    timings: Counter[str] | None = None,
+    timings: Counter[str] | None = None, cache: CacheSettings | None = None,
 ) -> dict[str, Any]:
     """Run the pipeline from SRC to DST on Ray; returns the manifest, as `etl.pipeline.run.run`.
 
     Joins the cluster at `address` (else RAY_ADDRESS), or starts a local one for the run. DST must
-    be a path (or file:// URI) that every node sees at the same place (shared storage).
+    be a path (or file:// URI) that every node sees at the same place (shared storage). `cache`:
+    the token cache each worker reads and fills at that path on its own node (None: none).
     """
     import ray
     from ray.data import DataContext
@@ -155,7 +159,7 @@ def run(
     out = out.absolute()  # workers run elsewhere: they get absolute paths
     sources = [dataclasses.replace(s, path=s.path.absolute()) for s in sources]
     with ThreadPoolExecutor(max_workers=1) as pool:  # the tokenizer loads while Ray starts (~0.5 s)
-        loading = pool.submit(build_resources, config)
+        loading = pool.submit(build_resources, config, cache=cache)
         owns_ray = _connect(address, quiet=not progress)
     try:
         res = loading.result()
@@ -165,7 +169,7 @@ def run(
         with OutputWriter(out, kind="run", keep=holds_inputs) as output:
             staging = output.staging()
             try:
-                results = _pipeline(sources, res, staging, cpus=_cpus()).take_all()
+                results = _pipeline(sources, res, staging, cpus=_cpus(), cache=cache).take_all()
             except ray.exceptions.RayError as exc:  # a worker's error, as one line (the journal cleans up)
                 raise worker_error(exc) from exc
             manifest = _finish(res, sources, results, output, staging)

@@ -8,6 +8,7 @@ the worker or the order tasks ran in; the driver renames them into place (`etl.e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import Counter
@@ -18,6 +19,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from etl.cache.folder import CacheSettings
 from etl.config.run_config import RunConfig
 from etl.engine.chunks import CHUNK, FILE, ChunkRow, to_ipc
 from etl.formats.base import BuilderQuery
@@ -28,9 +30,9 @@ from etl.output.parquet import write_part
 from etl.pipeline.accounting import Counts
 from etl.pipeline.chunk import RunState, process_chunk, reject_file
 
-COUNTS, PARTS, TIMINGS = "counts", "parts", "timings"
+COUNTS, PARTS, TIMINGS, CACHE = "counts", "parts", "timings", "token_cache"
 RESULT_SCHEMA = pa.schema([(FILE, pa.int32()), (CHUNK, pa.int32()), (COUNTS, pa.string()),
-                           (PARTS, pa.string()), (TIMINGS, pa.string())])
+                           (PARTS, pa.string()), (TIMINGS, pa.string()), (CACHE, pa.string())])
 _CON: list[duckdb.DuckDBPyConnection] = []  # one connection per worker process, made on first use
 
 
@@ -92,7 +94,8 @@ def counts_json(counts: Counts) -> str:
 class ChunkProcessor:
     """A Ray actor's state: the run's resources (tokenizer loaded once per actor)."""
 
-    def __init__(self, config: RunConfig, sources: list[Source], staging: str, *, threads: int = 1) -> None:
+    def __init__(self, config: RunConfig, sources: list[Source], staging: str, *, threads: int = 1,
+                 cache: CacheSettings | None = None) -> None:
         from etl.pipeline.resources import build_resources
         from etl.pipeline.startup import tune_malloc
 
@@ -100,7 +103,7 @@ class ChunkProcessor:
         # Ray starts a dedicated worker process for each distinct runtime_env.
         os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         tune_malloc()  # the local engine's memory bound on every worker too
-        self.res = build_resources(config)
+        self.res = build_resources(config, cache=cache)  # the token cache of the worker's node
         self.sources, self.staging = sources, Path(staging)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -114,6 +117,7 @@ class ChunkProcessor:
         source = self.sources[row.file]
         parts = StagedParts(self.staging, row.file, row.chunk)
         state = RunState(res=self.res, parts=parts)  # type: ignore[arg-type]  # PartWriter's interface
+        before = self.res.encoder.flush()
         if earlier is not None:
             state.dedup = EarlierKeys(earlier)  # type: ignore[assignment]  # Deduplicator's interface
         if row.error is not None:
@@ -122,8 +126,13 @@ class ChunkProcessor:
         else:
             assert row.table is not None
             process_chunk(source, row.table, state)
+        # An actor has no end to hook: each chunk's new ids are written as it finishes, and its
+        # counts travel with its result (the driver sums them into the manifest).
+        cached = self.res.encoder.flush()
+        cached.add(before, -1)
         return {FILE: row.file, CHUNK: row.chunk, COUNTS: counts_json(state.counts),
-                PARTS: json.dumps(parts.entries), TIMINGS: json.dumps(state.timings)}
+                PARTS: json.dumps(parts.entries), TIMINGS: json.dumps(state.timings),
+                CACHE: json.dumps(dataclasses.asdict(cached))}
 
 
 __all__ = ["ChunkProcessor", "EarlierKeys", "StagedParts", "parse_batch", "to_ipc"]
