@@ -12,6 +12,7 @@ segments go first. Nothing without the marker, and nothing but etl's own names, 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -118,7 +119,9 @@ def evict(root: Path, limit: int) -> tuple[int, int]:
     now = time.time()
     for folder in namespaces(root):
         for p in folder.glob(f"{TMP_PREFIX}*"):
-            _remove_if(p, lambda st: now - st.st_mtime > STALE_TMP_SECONDS)
+            with contextlib.suppress(FileNotFoundError):  # its writer renamed it just now
+                if now - p.stat().st_mtime > STALE_TMP_SECONDS:
+                    p.unlink(missing_ok=True)
     found = []
     for p in segments(root):
         try:
@@ -133,14 +136,6 @@ def evict(root: Path, limit: int) -> tuple[int, int]:
         path.unlink(missing_ok=True)
         removed, freed = removed + 1, freed + size
     return removed, freed
-
-
-def _remove_if(path: Path, test: Any) -> None:
-    try:
-        if test(path.stat()):
-            path.unlink(missing_ok=True)
-    except FileNotFoundError:
-        pass
 
 
 def log_run(root: Path, entry: dict[str, Any]) -> None:

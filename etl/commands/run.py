@@ -105,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
     if args.timings:
         # tokenize_plan includes the tokenizer's own time, shown on its own line too; tokenizer
         # includes tokenizer_ids (copying ids out of the tokenizer's Python lists into numpy).
-        saved = timings.pop("token_cache_saved", None)
+        from etl.cache.encoder import SAVED
+
+        saved = timings.pop(SAVED, None)
         stages = ", ".join(f"{name} {sec:.2f}s" for name, sec in sorted(timings.items(), key=lambda kv: -kv[1]))
         print(f"etl run timings: {stages}", file=sys.stderr)
         if line := cache_line(manifest.get("token_cache"), saved):
