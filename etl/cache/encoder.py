@@ -69,6 +69,8 @@ class Encoder:
         self.con = duckdb.connect() if self.root else None
         self.lock = threading.Lock()  # Polars may run two of a chunk's encodes at once
         self.closed = False
+        if self.root is not None and hasattr(tokenizer, "remember"):
+            tokenizer.remember(fo.read_answers(fo.namespace(self.root, self.key)))
 
     @property
     def store(self) -> SegmentStore | None:
@@ -157,6 +159,8 @@ class Encoder:
             return
         self.closed = True
         self.flush()
+        if getattr(self.tokenizer, "new_answers", False):
+            fo.write_answers(fo.namespace(self.root, self.key), self.tokenizer.answers)  # type: ignore[attr-defined]
         fo.evict(self.root, self.limit)
         fo.log_run(self.root, {"time": round(time.time()), "namespace": fo.namespace(self.root, self.key).name,
                                "tokenizer_seconds": round(self.stats.tokenizer_seconds, 3), **self.stats.to_json()})

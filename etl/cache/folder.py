@@ -3,6 +3,8 @@
     <root>/ETL_TOKEN_CACHE        marker: etl made this folder, and removes only its own files
     <root>/runs.jsonl             one line per run: strings, hits, tokens, seconds (hit rates)
     <root>/<namespace>/key.json   what the ids of that folder depend on (tokenizer sha256, ...)
+    <root>/<namespace>/answers.json   the tokenizer's answers to a run's small questions (special
+                                  ids, template pieces' ids): a rerun need not parse tokenizer.json
     <root>/<namespace>/<sha256>.parquet   segments (`etl.cache.segments`)
 
 The root is `--cache DIR`, else $ETL_CACHE_DIR, else ~/.cache/etl/tokens. Its size is capped
@@ -27,7 +29,7 @@ from etl.errors import EtlError
 ENV_DIR, ENV_MAX_GB = "ETL_CACHE_DIR", "ETL_CACHE_MAX_GB"
 DEFAULT_MAX_GB = 4.0
 MARKER = "ETL_TOKEN_CACHE"
-RUNS_LOG, KEY_FILE = "runs.jsonl", "key.json"
+RUNS_LOG, KEY_FILE, ANSWERS_FILE = "runs.jsonl", "key.json", "answers.json"
 LOG_KEEP = 1000  # runs the log keeps (~200 B each)
 STALE_TMP_SECONDS = 24 * 3600  # a temporary file this old is a crashed writer's, not a live one's
 SEGMENT_NAME = re.compile(r"^[0-9a-f]{64}\.parquet$")  # <sha256 of its bytes>.parquet
@@ -104,6 +106,28 @@ def namespace(root: Path, cache_key: str) -> Path:
     return folder
 
 
+def _digest(answers: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(answers, sort_keys=True).encode()).hexdigest()
+
+
+def read_answers(folder: Path) -> dict[str, Any]:
+    """The tokenizer answers a namespace holds; {} when there are none or the file fails its checksum."""
+    try:
+        saved = json.loads((folder / ANSWERS_FILE).read_text("utf-8"))
+        answers = saved["answers"]
+        return answers if isinstance(answers, dict) and saved["sha256"] == _digest(answers) else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def write_answers(folder: Path, answers: dict[str, Any]) -> None:
+    """Add `answers` to the namespace's (a concurrent run's are kept: both are the same tokenizer's)."""
+    merged = {**read_answers(folder), **answers}
+    tmp = folder / f"{TMP_PREFIX}{os.getpid()}-{ANSWERS_FILE}"
+    tmp.write_text(json.dumps({"sha256": _digest(merged), "answers": merged}, sort_keys=True), "utf-8")
+    os.replace(tmp, folder / ANSWERS_FILE)
+
+
 def namespaces(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and (p / KEY_FILE).is_file()) if root.is_dir() else []
 
@@ -163,7 +187,7 @@ def runs(root: Path) -> list[dict[str, Any]]:
 
 
 def clear(root: Path) -> tuple[int, int]:
-    """Remove every segment, key, temporary file and the log; (files removed, bytes freed).
+    """Remove every segment, key, answers, temporary file and the log; (files removed, bytes freed).
 
     Raises:
         EtlError: `root` is not a token cache (no marker): nothing is removed.
@@ -175,7 +199,7 @@ def clear(root: Path) -> tuple[int, int]:
     removed = freed = 0
     for folder in namespaces(root):
         for p in list(folder.iterdir()):
-            if is_segment(p) or p.name == KEY_FILE or p.name.startswith(TMP_PREFIX):
+            if is_segment(p) or p.name in (KEY_FILE, ANSWERS_FILE) or p.name.startswith(TMP_PREFIX):
                 freed += p.stat().st_size
                 p.unlink(missing_ok=True)
                 removed += 1

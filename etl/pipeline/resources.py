@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from etl import __version__
 from etl import columns as c
@@ -102,10 +101,14 @@ def build_resources(
     check_input_type(config)
     from etl.tokens.hf_template import load_template_and_tokenizer
 
+    # With a cache, tokenizer.json is parsed only when a question or a text is not cached.
+    lazy = cache is not None and cache.root is not None
     if template is None:
-        template, tokenizer = load_template_and_tokenizer(config.template, tokenizer_spec=config.tokenizer)
+        template, tokenizer = load_template_and_tokenizer(config.template, tokenizer_spec=config.tokenizer, lazy=lazy)
     else:
-        tokenizer = load_tokenizer(config.tokenizer, special_tokens=template.special_tokens)
+        tokenizer = load_tokenizer(config.tokenizer, special_tokens=template.special_tokens, lazy=lazy)
+    encoder = Encoder(tokenizer, cache)  # first: it hands the tokenizer the answers it remembers
+    tokenizer.vocab_size  # noqa: B018 - the manifest's, asked now: the answers the cache keeps at close hold it
     ids = resolve_template(template, tokenizer)
     bos, eos = list(ids.bos), list(ids.eos)
     if config.add_bos and not bos:
@@ -122,14 +125,14 @@ def build_resources(
         con=connect() if con is None else con,
         bos=bos,
         eos=eos,
-        encoder=Encoder(tokenizer, cache),
+        encoder=encoder,
     )
 
 
 def _system_ids(tokenizer: TextTokenizer, config: RunConfig) -> list[int] | None:
     if config.default_system is None or config.input_type == "text":
         return None
-    return tokenizer.encode_texts(pa.array([config.default_system]))[0].as_py()
+    return tokenizer.encode_fixed(config.default_system)
 
 
 def resources_for(res: Resources, config: RunConfig) -> Resources:

@@ -160,14 +160,16 @@ def resolve_template_name(name: str, tokenizer: TextTokenizer) -> Template:
     return template_from_hf(config, tokenizer=tokenizer)
 
 
-def load_template_and_tokenizer(name: str, *, tokenizer_spec: str) -> tuple[Template, TextTokenizer]:
+def load_template_and_tokenizer(
+    name: str, *, tokenizer_spec: str, lazy: bool = False
+) -> tuple[Template, TextTokenizer]:
     """Tokenizer first for `hf` (the template comes from it), template first for presets.
 
     The built-in `bytes` tokenizer registers a preset's special tokens when it is created, so a
     preset must be known before the tokenizer is loaded; `hf` reads the tokenizer's own files.
     """
     if name == HF:
-        tokenizer = load_tokenizer(tokenizer_spec)
+        tokenizer = load_tokenizer(tokenizer_spec, lazy=lazy)
         return resolve_template_name(name, tokenizer), tokenizer
     template = preset(name)
-    return template, load_tokenizer(tokenizer_spec, special_tokens=template.special_tokens)
+    return template, load_tokenizer(tokenizer_spec, special_tokens=template.special_tokens, lazy=lazy)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -10,7 +11,7 @@ import operator
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +59,15 @@ def flatten_ids(batch: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class HFTokenizer:
-    """A Hugging Face `tokenizers` tokenizer from `tokenizer.json` or a model directory."""
+    """A Hugging Face `tokenizers` tokenizer from `tokenizer.json` or a model directory.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        from tokenizers import Tokenizer
+    `lazy`: parse tokenizer.json (~0.3 s for Qwen2.5's 7 MB) only when something needs it. The
+    small questions a run asks (special ids, template pieces' ids, vocabulary size) are kept in
+    `answers`, which the token cache saves per tokenizer file (`remember`): a rerun whose every
+    answer and every text is cached never parses it.
+    """
 
+    def __init__(self, path: str | os.PathLike[str], *, lazy: bool = False) -> None:
         p = Path(path)
         file = p / "tokenizer.json" if p.is_dir() else p
         if not file.is_file():
@@ -73,28 +78,49 @@ class HFTokenizer:
         # Absolute, so the manifest's path loads from any folder (`etl inspect` run elsewhere).
         self.path = str(file.resolve())
         self.name = str(path)
-        raw = file.read_bytes()
-        self.sha256 = hashlib.sha256(raw).hexdigest()
+        self._raw: bytes | None = file.read_bytes()  # parsed by `_tok`: the bytes `sha256` names
+        self.sha256 = hashlib.sha256(self._raw).hexdigest()
+        config = file.with_name("tokenizer_config.json")
+        self.config: dict[str, Any] = json.loads(config.read_text("utf-8")) if config.is_file() else {}
+        self.answers: dict[str, Any] = {}
+        self.new_answers = False  # answers computed by this process, not remembered
+        if not lazy:
+            self._tok  # noqa: B018 - parse now: a broken file fails here, not at the first question
+
+    @functools.cached_property
+    def _tok(self) -> Any:
+        from tokenizers import Tokenizer
+
+        assert self._raw is not None
         try:
-            self._tok = Tokenizer.from_str(raw.decode("utf-8"))
+            tok = Tokenizer.from_str(self._raw.decode("utf-8"))
         except Exception as exc:  # tokenizers raises a bare Exception for any bad file
             raise EtlError(
-                f"tokenizer {path}: {file.name} is not a Hugging Face tokenizers file ({exc}); "
+                f"tokenizer {self.name}: {Path(self.path).name} is not a Hugging Face tokenizers file ({exc}); "
                 "pass a tokenizer.json or the model directory that holds one"
             ) from exc
+        self._raw = None
         # Content is data, never control: special-token strings in content encode as text.
-        self._tok.encode_special_tokens = True
+        tok.encode_special_tokens = True
         # So do the non-special added tokens (Qwen's <tool_call>, <think>, <tool_response>):
         # re-added as special, they too are text in content; templates insert them by id
         # (`encode_template_text`). transformers maps them in content; etl does not, on purpose.
-        self._tok.add_special_tokens([_as_special(t) for t in self._tok.get_added_tokens_decoder().values()
-                                      if not t.special])
-        config = file.with_name("tokenizer_config.json")
-        self.config: dict[str, Any] = json.loads(config.read_text("utf-8")) if config.is_file() else {}
+        tok.add_special_tokens([_as_special(t) for t in tok.get_added_tokens_decoder().values() if not t.special])
+        return tok
+
+    def remember(self, answers: dict[str, Any]) -> None:
+        """Take answers an earlier run with this same tokenizer file gave (the token cache's)."""
+        self.answers.update(answers)
+
+    def _answer(self, question: str, compute: Callable[[], Any]) -> Any:
+        if question not in self.answers:
+            self.answers[question] = compute()
+            self.new_answers = True
+        return self.answers[question]
 
     @property
     def vocab_size(self) -> int:
-        return self._tok.get_vocab_size(with_added_tokens=True)
+        return int(self._answer("vocab_size", lambda: self._tok.get_vocab_size(with_added_tokens=True)))
 
     @property
     def cache_key(self) -> str:
@@ -169,18 +195,27 @@ class HFTokenizer:
         """Encode one string as text (the interface `etl.sft` expects)."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_fixed(self, text: str) -> list[int]:
+        """`encode` of a text the run's settings fix (a template piece, the default system prompt),
+        remembered in `answers`."""
+        return list(self._answer("encode:" + text, lambda: self.encode(text)))
+
     def special_id(self, token: str) -> int | None:
-        return self._tok.token_to_id(token)
+        return self._answer("id:" + token, lambda: self._tok.token_to_id(token))
 
     def token_to_id(self, token: str) -> int | None:
-        return self._tok.token_to_id(token)
+        return self.special_id(token)
 
     def special_strip(self, token: str) -> tuple[bool, bool]:
         """(lstrip, rstrip) of an added token: whether it swallows whitespace on that side."""
+        lstrip, rstrip = self._answer("strip:" + token, lambda: self._strip(token))
+        return bool(lstrip), bool(rstrip)
+
+    def _strip(self, token: str) -> list[bool]:
         for added in self._tok.get_added_tokens_decoder().values():
             if added.content == token:
-                return bool(added.lstrip), bool(added.rstrip)
-        return False, False
+                return [bool(added.lstrip), bool(added.rstrip)]
+        return [False, False]
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
         """Display text per id; a character split over several tokens (CJK, emoji in byte-level

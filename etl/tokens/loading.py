@@ -12,8 +12,11 @@ from etl.tokens.hf_tokenizer import HFTokenizer
 from etl.tokens.tokenizer import BYTES, ByteTokenizer, TextTokenizer
 
 
-def load_tokenizer(spec: str | os.PathLike[str], *, special_tokens: Sequence[str] = ()) -> TextTokenizer:
-    """Load `bytes` (built-in; registers `special_tokens` from id 256) or a tokenizer path.
+def load_tokenizer(
+    spec: str | os.PathLike[str], *, special_tokens: Sequence[str] = (), lazy: bool = False
+) -> TextTokenizer:
+    """Load `bytes` (built-in; registers `special_tokens` from id 256) or a tokenizer path
+    (`lazy`: its tokenizer.json parsed at the first question its answers do not hold, `HFTokenizer`).
 
     Special tokens are never added to a real tokenizer's vocabulary: templates check that theirs
     exist and fail with the missing name otherwise.
@@ -22,7 +25,7 @@ def load_tokenizer(spec: str | os.PathLike[str], *, special_tokens: Sequence[str
         return ByteTokenizer(special_tokens)
     if not Path(spec).exists():
         raise EtlError(f"tokenizer {spec} does not exist; pass `bytes`, a tokenizer.json or a model directory")
-    return HFTokenizer(spec)
+    return HFTokenizer(spec, lazy=lazy)
 
 
 def load_tokenizer_from_manifest(manifest: dict[str, Any]) -> TextTokenizer:

@@ -42,6 +42,10 @@ class TextTokenizer(Protocol):
 
     def special_id(self, token: str) -> int | None: ...
 
+    def encode_fixed(self, text: str) -> list[int]:
+        """Ids of a text the run's settings fix (a template piece, the default system prompt)."""
+        ...
+
     def token_strings(self, ids: Sequence[int]) -> list[str]: ...
 
 
@@ -92,6 +96,9 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         """Encode one string as text (the interface `etl.sft` expects)."""
         return list(text.encode("utf-8"))
+
+    def encode_fixed(self, text: str) -> list[int]:
+        return self.encode(text)
 
     def special_id(self, token: str) -> int | None:
         return self._special.get(token)
@@ -154,5 +161,5 @@ def encode_template_text(tokenizer: TextTokenizer, text: str, specials: Sequence
                 )
             ids.append(tid)
         elif piece:
-            ids.extend(tokenizer.encode_texts(pa.array([piece]))[0].as_py())
+            ids.extend(tokenizer.encode_fixed(piece))
     return ids

@@ -136,7 +136,7 @@ def test_info_uses_etl_cache_dir(isolated_cache: Path, capsys: pytest.CaptureFix
 
 
 def test_clear_removes_only_etls_files(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`etl cache clear`: segments, key files and the run log go; a file the user put in the root
+    """`etl cache clear`: segments, key and answers files and the run log go; a file the user put in the root
     (and one in a namespace folder) stays, and so does the marker. Info then shows 0 bytes."""
     (filled / "README-mine.txt").write_text("keep me")
     (seg,) = segment_files(filled)
@@ -145,11 +145,11 @@ def test_clear_removes_only_etls_files(filled: Path, capsys: pytest.CaptureFixtu
     other = fo.namespace(filled, "another tokenizer")
     make_segment(other, 5, 9)
     removed_bytes = sum(p.stat().st_size for p in segment_files(filled)) + sum(
-        (d / "key.json").stat().st_size for d in (space, other))
+        (d / "key.json").stat().st_size for d in (space, other)) + (space / "answers.json").stat().st_size
 
     assert main(["cache", "clear", "--cache", str(filled)]) == 0
     out = capsys.readouterr().out
-    assert "removed 4 files" in out and str(filled) in out
+    assert "removed 5 files" in out and str(filled) in out
     assert f"({removed_bytes / 1e6:,.1f} MB)" in out
     left = sorted(str(p.relative_to(filled)) for p in filled.rglob("*") if p.is_file())
     assert left == sorted(["ETL_TOKEN_CACHE", "README-mine.txt", f"{space.name}/my-notes.txt"])
