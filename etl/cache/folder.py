@@ -6,10 +6,11 @@
     <root>/<namespace>/answers.json   the tokenizer's answers to a run's small questions (special
                                   ids, template pieces' ids): a rerun need not parse tokenizer.json
     <root>/<namespace>/<sha256>.parquet   segments (`etl.cache.segments`)
+    <root>/parsed/<key>.<sha256>.arrow    parsed input chunks (`etl.cache.parsed`)
 
 The root is `--cache DIR`, else $ETL_CACHE_DIR, else ~/.cache/etl/tokens. Its size is capped
 (`--cache-max-gb`, $ETL_CACHE_MAX_GB, default 4 GB): when a run ends the least recently used
-segments go first. Nothing without the marker, and nothing but etl's own names, is ever removed.
+segments and parsed chunks go first. Nothing without the marker, and nothing but etl's own names, is ever removed.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ LOG_KEEP = 1000  # runs the log keeps (~200 B each)
 STALE_TMP_SECONDS = 24 * 3600  # a temporary file this old is a crashed writer's, not a live one's
 SEGMENT_NAME = re.compile(r"^[0-9a-f]{64}\.parquet$")  # <sha256 of its bytes>.parquet
 TMP_PREFIX = ".tmp-"  # files being written: renamed into place when whole
+PARSED_DIR, PARSED_SUFFIX = "parsed", ".arrow"
+PARSED_NAME = re.compile(r"^[0-9a-f]{40}\.[0-9a-f]{64}\.arrow$")  # <chunk key>.<sha256 of its bytes>.arrow
 
 
 def is_segment(path: Path) -> bool:
@@ -137,17 +140,23 @@ def segments(root: Path) -> list[Path]:
     return [p for folder in namespaces(root) for p in sorted(folder.iterdir()) if is_segment(p)]
 
 
+def parsed_files(root: Path) -> list[Path]:
+    """Every parsed chunk."""
+    folder = root / PARSED_DIR
+    return sorted(p for p in folder.iterdir() if PARSED_NAME.match(p.name)) if folder.is_dir() else []
+
+
 def evict(root: Path, limit: int) -> tuple[int, int]:
-    """Remove the least recently used segments until the cache holds at most `limit` bytes, and
-    temporary files a crashed writer left a day ago; (segments removed, bytes freed)."""
+    """Remove the least recently used segments and parsed chunks until the cache holds at most
+    `limit` bytes, and temporary files a crashed writer left a day ago; (files removed, bytes freed)."""
     now = time.time()
-    for folder in namespaces(root):
+    for folder in [*namespaces(root), root / PARSED_DIR]:
         for p in folder.glob(f"{TMP_PREFIX}*"):
             with contextlib.suppress(FileNotFoundError):  # its writer renamed it just now
                 if now - p.stat().st_mtime > STALE_TMP_SECONDS:
                     p.unlink(missing_ok=True)
     found = []
-    for p in segments(root):
+    for p in segments(root) + parsed_files(root):
         try:
             st = p.stat()
         except FileNotFoundError:  # another run evicted it just now
@@ -187,7 +196,8 @@ def runs(root: Path) -> list[dict[str, Any]]:
 
 
 def clear(root: Path) -> tuple[int, int]:
-    """Remove every segment, key, answers, temporary file and the log; (files removed, bytes freed).
+    """Remove every segment, key, answers, parsed chunk, temporary file and the log; (files removed,
+    bytes freed).
 
     Raises:
         EtlError: `root` is not a token cache (no marker): nothing is removed.
@@ -205,5 +215,12 @@ def clear(root: Path) -> tuple[int, int]:
                 removed += 1
         if not any(folder.iterdir()):
             folder.rmdir()
+    parsed = root / PARSED_DIR
+    for p in parsed_files(root) + (sorted(parsed.glob(f"{TMP_PREFIX}*")) if parsed.is_dir() else []):
+        freed += p.stat().st_size
+        p.unlink(missing_ok=True)
+        removed += 1
+    if parsed.is_dir() and not any(parsed.iterdir()):
+        parsed.rmdir()
     (root / RUNS_LOG).unlink(missing_ok=True)
     return removed, freed

@@ -14,10 +14,12 @@ HELP = "show or empty the token cache (content ids kept across runs)"
 DESCRIPTION = """\
 The token cache keeps the ids of every content string a run tokenized, keyed by the tokenizer
 and the string, so a rerun with another seq_len, mask, template or mixture reads them instead
-of tokenizing. Its folder: --cache DIR, else $ETL_CACHE_DIR, else ~/.cache/etl/tokens.
+of tokenizing; and each input chunk as parsed, keyed by its bytes and the parse settings, so
+the rerun does not parse the JSON again either. Its folder: --cache DIR, else $ETL_CACHE_DIR, else ~/.cache/etl/tokens.
 
-  info    size, segments per tokenizer, and the hit rates of the last runs
-  clear   remove every segment (only etl's own files; the folder must be an etl token cache)
+  info    size, segments per tokenizer, parsed input chunks, and the hit rates of the last runs
+  clear   remove every segment and parsed chunk (only etl's own files; the folder must be an etl
+          token cache)
 
 examples:
   etl cache info
@@ -56,10 +58,12 @@ def info(root: Path, *, last: int) -> dict[str, Any]:
         key = json.loads((folder / fo.KEY_FILE).read_text("utf-8"))
         spaces.append({"namespace": folder.name, "tokenizer_sha256": key.get("tokenizer_sha256"),
                        "tokenizers": key.get("tokenizers"), "segments": len(sizes), "bytes": sum(sizes)})
+    parsed = [p.stat().st_size for p in fo.parsed_files(root)]
     runs = fo.runs(root)
     asked = sum(r.get("distinct", 0) for r in runs)
-    return {"dir": str(root), "exists": fo.is_cache(root), "bytes": sum(s["bytes"] for s in spaces),
-            "max_bytes": fo.max_bytes(), "namespaces": spaces, "runs_logged": len(runs),
+    return {"dir": str(root), "exists": fo.is_cache(root), "bytes": sum(s["bytes"] for s in spaces) + sum(parsed),
+            "max_bytes": fo.max_bytes(), "namespaces": spaces,
+            "parsed_chunks": {"files": len(parsed), "bytes": sum(parsed)}, "runs_logged": len(runs),
             "hit_rate": round(sum(r.get("from_cache", 0) for r in runs) / asked, 4) if asked else None,
             "last_runs": runs[-last:] if last > 0 else []}
 
@@ -72,6 +76,8 @@ def render(about: dict[str, Any]) -> str:
     for s in about["namespaces"]:
         lines.append(f"  {s['namespace']}: {s['segments']} segments, {s['bytes'] / 1e6:,.1f} MB "
                      f"(tokenizer sha256 {str(s['tokenizer_sha256'])[:12]}, tokenizers {s['tokenizers']})")
+    parsed = about["parsed_chunks"]
+    lines.append(f"  parsed input chunks: {parsed['files']}, {parsed['bytes'] / 1e6:,.1f} MB")
     if about["hit_rate"] is not None:
         lines.append(f"hit rate over {about['runs_logged']} logged runs: {about['hit_rate']:.1%} of distinct texts")
     for r in about["last_runs"]:

@@ -38,7 +38,7 @@ from etl.formats.base import (
 
 __all__ = [
     "BUILDERS", "DEFAULT_MAX_RECORD_BYTES", "RAW_PREVIEW_CHARS", "TOO_LARGE", "Builder", "BuilderQuery",
-    "build_query", "json_key_path", "record_bytes", "register_builder", "run_builder",
+    "build_query", "json_key_path", "record_bytes", "register_builder", "run_builder", "warn_unread",
 ]
 
 
@@ -82,6 +82,18 @@ def run_builder(con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQue
     rejected = _too_large_rows(raw.filter(pa.array(too_large)), parsed.schema, query.max_record_bytes)
     table = pa.concat_tables([parsed, rejected])
     return table.take(pc.sort_indices(table.column("source_line")))
+
+
+def warn_unread(con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQuery) -> None:
+    """The warnings about unread message fields `run_builder` gives for `raw`, without the parse (a
+    chunk the token cache holds parsed): the query's check over the registered chunk."""
+    if query.unread is None:
+        return
+    con.register("raw", raw)
+    try:
+        query.unread.check(con, raw)
+    finally:
+        con.unregister("raw")
 
 
 def _run_sql(con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQuery) -> pa.Table:

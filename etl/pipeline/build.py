@@ -128,7 +128,7 @@ def build_examples(
             bos_len=len(res.bos),
             eos_len=len(res.eos),
             truncation=cfg.truncation,
-        ).collect()
+        ).collect(engine="in-memory")
     with timings.timed("assemble"):
         built = assemble(plan, bos_ids=res.bos, eos_ids=res.eos, system_ids=res.system_ids, weights=res.weights)
         # The per-turn ids are in `built` now; without them the plan is a few numbers per turn

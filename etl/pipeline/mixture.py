@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from etl.cache.parsed import ParsedChunks, open_parsed
 from etl.config.mixture import MixSource, Mixture
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
@@ -60,20 +61,22 @@ def run_mixture(
     tune_malloc()
     run_timings = Timings()
     parsing = threading.Event()  # set once: `startup` is the first source's first parse
-    first, res = start_parsing(config, files[0], run_timings, parsing, reads=mix.sources[0].config, cache=cache)
+    kept = open_parsed(cache, config.tokenizer)
+    first, res = start_parsing(config, files[0], run_timings, parsing, reads=mix.sources[0].config, cache=cache,
+                               kept=kept)
     from etl.pipeline.chunk import RunState  # Polars: imported while the first chunk parses
     from etl.pipeline.mix_write import mix_sources
 
     with res.encoder, OutputWriter(out, kind="run", keep=holds_inputs) as output:
         staged = StagedParts(output, output.staging())
         state = RunState(res=res, parts=staged, timings=run_timings)
-        before = [_tokenize(s, fs, state, parsing, first if i == 0 else None, progress=progress)
+        before = [_tokenize(s, fs, state, parsing, first if i == 0 else None, kept, progress=progress)
                   for i, (s, fs) in enumerate(zip(mix.sources, files, strict=True))]
         with run_timings.timed("mix"):
             summary, counts = mix_sources(mix, staged, before, res.con, PartWriter(output))
         write_empty_rejects(staged)
         shutil.rmtree(staged.staging)  # journaled: a crash before this leaves it for the next run to remove
-        manifest = finish(res, [f for fs in files for f in fs], counts, output, config, mixture=summary)
+        manifest = finish(res, [f for fs in files for f in fs], counts, output, config, kept, mixture=summary)
     if timings is not None:
         timings.update(run_timings)
         timings["total"] = time.perf_counter() - started
@@ -90,7 +93,7 @@ def _check_schemas(mix: Mixture) -> None:
 
 
 def _tokenize(source: MixSource, files: list[Source], state: RunState, parsing: threading.Event,
-              started: Prefetch[Item] | None, *, progress: bool) -> Counts:
+              started: Prefetch[Item] | None, kept: ParsedChunks | None, *, progress: bool) -> Counts:
     """Pass one for one source: its chunks through the pipeline with its own config, staged."""
     from etl.pipeline.resources import resources_for
 
@@ -101,7 +104,7 @@ def _tokenize(source: MixSource, files: list[Source], state: RunState, parsing: 
     mine = dataclasses.replace(state, res=res, counts=Counts(), domain=source.domain)
     if started is None:
         started = Prefetch(parsed_chunks(files, source.config, res.builder_query(), res.con.cursor(),
-                                         state.timings, parsing))
+                                         state.timings, parsing, kept))
     with started as parsed:
         process(files, parsed, mine, progress=progress)
     return mine.counts

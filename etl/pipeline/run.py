@@ -22,6 +22,7 @@ import duckdb
 import pyarrow as pa
 
 from etl import columns as c
+from etl.cache.parsed import ParsedChunks, open_parsed
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 from etl.formats.registry import BuilderQuery, connect, run_builder
@@ -59,10 +60,11 @@ Item = tuple[Source, pa.Table | UnreadableFile | None, int]
 
 def parsed_chunks(
     sources: list[Source], cfg: RunConfig, query: BuilderQuery, con: duckdb.DuckDBPyConnection, timings: Timings,
-    parsing: threading.Event,
+    parsing: threading.Event, kept: ParsedChunks | None = None,
 ) -> Iterator[Item]:
     """(source, parsed chunk, bytes of the file read through it) in file order; an
-    `UnreadableFile`, then None, ends each file.
+    `UnreadableFile`, then None, ends each file. `kept`: the token cache's parsed chunks, which
+    serve the chunks an earlier run parsed with the same query.
 
     Runs on the prefetch thread, so it takes its own DuckDB cursor; sets `parsing` when the
     first parse starts (or when there is none to start), and it applies
@@ -71,6 +73,7 @@ def parsed_chunks(
     """
     budget = cfg.max_items
     position = [0]
+    parse = run_builder if kept is None else kept.parse
 
     def read_through(offset: int) -> None:
         position[0] = offset
@@ -92,7 +95,7 @@ def parsed_chunks(
                         timings[STARTUP] = process_age() or 0.0
                         parsing.set()
                     with timings.timed("parse"):  # on the prefetch thread: overlaps tokenizing
-                        parsed = run_builder(con, raw, query)
+                        parsed = parse(con, raw, query)
                     yield source, parsed, position[0]
             except UnreadableFile as exc:
                 yield source, exc, position[0]
@@ -161,14 +164,17 @@ def _resources(config: RunConfig, **early: Any) -> Resources:
 
 
 def finish(res: Resources, sources: list[Source], counts: Counts, output: OutputWriter,
-           config: RunConfig, **extra: Any) -> dict[str, Any]:
+           config: RunConfig, kept: ParsedChunks | None = None, **extra: Any) -> dict[str, Any]:
     """Storage files, the dataset card, and the manifest last (the run is finished only then);
-    `extra`: more top-level keys of the manifest (a mixture's)."""
+    `kept`: the parsed chunks the token cache served or took; `extra`: more top-level keys of the
+    manifest (a mixture's)."""
     from etl.pipeline.resources import manifest_for
 
     assert counts.add_up(), counts
     res.encoder.close()  # the token cache's new segments, before the manifest that counts them
     manifest = {**manifest_for(res, sources, counts), **extra}
+    if kept is not None and "token_cache" in manifest:
+        manifest["token_cache"]["parsed_chunks"] = kept.summary()
     if config.storage_format != "parquet":  # seed 004's bin/h5 next to the Parquet; numpy-only
         from etl.output.storage import write_run_storage
 
@@ -219,10 +225,11 @@ def prepare_all(srcs: list[str], dst: str, config: RunConfig) -> tuple[Path, lis
 
 def start_parsing(
     config: RunConfig, sources: list[Source], timings: Timings, parsing: threading.Event, *,
-    reads: RunConfig | None = None, cache: CacheSettings | None = None,
+    reads: RunConfig | None = None, cache: CacheSettings | None = None, kept: ParsedChunks | None = None,
 ) -> tuple[Prefetch[Item], Resources]:
-    """Start parsing `sources` (as config `reads` says, default `config`: a mixture's first source)
-    on the prefetch thread, then load the run's resources while the first chunk parses.
+    """Start parsing `sources` (as config `reads` says, default `config`: a mixture's first source;
+    `kept`: the cache's parsed chunks) on the prefetch thread, then load the run's resources while
+    the first chunk parses.
 
     The first chunk parses (DuckDB, no GIL) while Polars and the tokenizer load (GIL). Reading it
     holds the GIL, so it goes first rather than at half speed beside them.
@@ -238,7 +245,7 @@ def start_parsing(
         from etl.pipeline.resources import resources_for
 
         query = resources_for(early, reads).builder_query()
-    parsed = Prefetch(parsed_chunks(sources, reads, query, con.cursor(), timings, parsing))
+    parsed = Prefetch(parsed_chunks(sources, reads, query, con.cursor(), timings, parsing, kept))
     try:
         parsing.wait(timeout=HEAD_START)
         return parsed, early or _resources(config, template=template, con=con, cache=cache)
@@ -264,14 +271,15 @@ def run(
     tune_malloc()
     run_timings = Timings()
     parsing = threading.Event()
-    first, res = start_parsing(config, sources, run_timings, parsing, cache=cache)
+    kept = open_parsed(cache, config.tokenizer)
+    first, res = start_parsing(config, sources, run_timings, parsing, cache=cache, kept=kept)
     with res.encoder, first as parsed, OutputWriter(out, kind="run", keep=holds_inputs) as output:
         from etl.pipeline.chunk import RunState
 
         state = RunState(res=res, parts=PartWriter(output), timings=run_timings)
         process(sources, parsed, state, progress=progress)
         write_empty_rejects(state.parts)
-        manifest = finish(res, sources, state.counts, output, config)
+        manifest = finish(res, sources, state.counts, output, config, kept)
     if timings is not None:
         timings.update(state.timings)
         timings["total"] = time.perf_counter() - started

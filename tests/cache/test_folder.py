@@ -91,7 +91,7 @@ def filled(tmp_path: Path, tiny_tokenizer_path: Path) -> Path:
 
 
 def test_info_json(filled: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """`etl cache info --format json`: bytes = the segments' sizes on disk, their count, the hit rate
+    """`etl cache info --format json`: bytes = the segments' and parsed chunks' sizes on disk, their counts, the hit rate
     over the logged runs (cold 0 of D, warm D of D: 0.5), the last runs, the cap in force."""
     monkeypatch.setenv("ETL_CACHE_MAX_GB", "2")
     assert main(["cache", "info", "--cache", str(filled), "--format", "json"]) == 0
@@ -99,10 +99,13 @@ def test_info_json(filled: Path, capsys: pytest.CaptureFixture[str], monkeypatch
     segs = segment_files(filled)
     assert len(segs) == 1
     assert about["dir"] == str(filled) and about["exists"] is True
-    assert about["bytes"] == sum(p.stat().st_size for p in segs)
+    (parsed,) = fo.parsed_files(filled)  # one chunk, parsed by the cold run, read by the warm one
+    assert about["parsed_chunks"] == {"files": 1, "bytes": parsed.stat().st_size}
+    assert about["bytes"] == sum(p.stat().st_size for p in segs) + parsed.stat().st_size
     assert about["max_bytes"] == 2 * 10**9
     (space,) = about["namespaces"]
-    assert space["segments"] == 1 and space["bytes"] == about["bytes"] and space["namespace"] == segs[0].parent.name
+    assert space["segments"] == 1 and space["bytes"] == segs[0].stat().st_size
+    assert space["namespace"] == segs[0].parent.name
     assert about["runs_logged"] == 2 and about["hit_rate"] == 0.5
     cold, warm = about["last_runs"]
     distinct = 1 + 7 + 20  # the system prompt, 7 user turns, 20 assistant turns
@@ -118,7 +121,7 @@ def test_info_table(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`etl cache info` (table): the folder, segment count, hit rate and one line per run."""
     assert main(["cache", "info", "--cache", str(filled)]) == 0
     out = capsys.readouterr().out
-    assert str(filled) in out and "1 segments" in out
+    assert str(filled) in out and "1 segments" in out and "parsed input chunks: 1," in out
     assert "hit rate over 2 logged runs: 50.0% of distinct texts" in out
     assert "60 texts, 28 distinct, 0 from the cache (0.0%), 28 tokenized" in out
     assert "28 from the cache (100.0%), 0 tokenized" in out
@@ -136,7 +139,7 @@ def test_info_uses_etl_cache_dir(isolated_cache: Path, capsys: pytest.CaptureFix
 
 
 def test_clear_removes_only_etls_files(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`etl cache clear`: segments, key and answers files and the run log go; a file the user put in the root
+    """`etl cache clear`: segments, key and answers files, parsed chunks and the run log go; a file the user put in the root
     (and one in a namespace folder) stays, and so does the marker. Info then shows 0 bytes."""
     (filled / "README-mine.txt").write_text("keep me")
     (seg,) = segment_files(filled)
@@ -146,10 +149,12 @@ def test_clear_removes_only_etls_files(filled: Path, capsys: pytest.CaptureFixtu
     make_segment(other, 5, 9)
     removed_bytes = sum(p.stat().st_size for p in segment_files(filled)) + sum(
         (d / "key.json").stat().st_size for d in (space, other)) + (space / "answers.json").stat().st_size
+    (parsed,) = fo.parsed_files(filled)  # the runs' one chunk
+    removed_bytes += parsed.stat().st_size
 
     assert main(["cache", "clear", "--cache", str(filled)]) == 0
     out = capsys.readouterr().out
-    assert "removed 5 files" in out and str(filled) in out
+    assert "removed 6 files" in out and str(filled) in out
     assert f"({removed_bytes / 1e6:,.1f} MB)" in out
     left = sorted(str(p.relative_to(filled)) for p in filled.rglob("*") if p.is_file())
     assert left == sorted(["ETL_TOKEN_CACHE", "README-mine.txt", f"{space.name}/my-notes.txt"])
