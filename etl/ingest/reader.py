@@ -62,16 +62,25 @@ def _lines_from_block(block: bytes, first_line: int) -> pa.Table:
     return table
 
 
+def is_utf8(block: bytes) -> bool:
+    """Whether the block is valid UTF-8: Arrow's SIMD check (~1 ms per 16 MiB), where `bytes.decode`
+    took ~22 ms and built a str of up to 4 bytes per character only to drop it."""
+    offsets = np.array([0, len(block)], dtype=np.int64)
+    text = pa.LargeStringArray.from_buffers(1, pa.py_buffer(offsets), pa.py_buffer(block))
+    try:
+        text.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
 def _valid_utf8(block: bytes) -> bytes:
     """The block, with each line that is not valid UTF-8 replaced by a marker line.
 
-    The strict decode is one C pass (~GB/s); the per-line repair runs only for broken blocks.
+    The whole block is checked in one pass; the per-line repair runs only for broken blocks.
     """
-    try:
-        block.decode("utf-8")
+    if is_utf8(block):
         return block
-    except UnicodeDecodeError:
-        pass
     fixed = []
     for line in block.split(b"\n"):
         try:

@@ -1,4 +1,4 @@
-"""etl.ingest.reader: damaged compressed files, deterministic JSON arrays, byte-sized chunks."""
+"""etl.ingest.reader: damaged compressed files, deterministic JSON arrays, byte-sized chunks, the UTF-8 check."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from etl.ingest.discover import UnreadableFile, discover
-from etl.ingest.reader import read_chunks
+from etl.ingest.reader import is_utf8, read_chunks
 
 
 def _source(path: Path):
@@ -156,3 +158,16 @@ def test_first_bytes_sizes_only_the_first_chunk(tmp_path: Path) -> None:
         sizes = [sum(len(line.encode()) for _, line in chunk) for chunk in ramped[:-1]]
         limits = [5_000] + [50_000] * (len(sizes) - 1)
         assert all(limit - 100 <= size <= limit + 100 for size, limit in zip(sizes, limits, strict=True)), (path, sizes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=64), st.text(max_size=32).map(lambda t: t.encode("utf-8", "surrogatepass"))))
+def test_is_utf8_agrees_with_python(block: bytes) -> None:
+    """Arrow's whole-block check says what a strict decode says: overlong forms, surrogates, cut
+    sequences and stray continuation bytes are invalid, any character Python encodes is valid."""
+    try:
+        block.decode("utf-8")
+        expected = True
+    except UnicodeDecodeError:
+        expected = False
+    assert is_utf8(block) is expected
