@@ -26,7 +26,7 @@ import pyarrow as pa
 from pyarrow import ipc
 
 from etl import __version__
-from etl.cache.folder import PARSED_DIR, PARSED_SUFFIX, TMP_PREFIX, CacheSettings, open_root
+from etl.cache.folder import PARSED_DIR, PARSED_NAME, PARSED_SUFFIX, TMP_PREFIX, CacheSettings, open_root
 from etl.formats.registry import BuilderQuery, run_builder, warn_unread
 from etl.tokens.tokenizer import BYTES
 
@@ -60,7 +60,7 @@ class ParsedChunks:
         self.folder = root / PARSED_DIR
         self.folder.mkdir(exist_ok=True)
         # key -> file name; listed once (a file another run adds meanwhile is simply not used).
-        self.names = {p.name.split(".")[0]: p.name for p in self.folder.iterdir() if p.name.endswith(PARSED_SUFFIX)}
+        self.names = {p.name.split(".")[0]: p.name for p in self.folder.iterdir() if PARSED_NAME.match(p.name)}
         self.hits = self.misses = self.damaged = 0
 
     def parse(self, con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQuery) -> pa.Table:
