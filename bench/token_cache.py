@@ -4,7 +4,8 @@ On T0 (all 55,185 chats, Qwen2.5, chatml), interleaved rounds of three `etl run`
 
 * `--no-cache` at S = 2048: the tokenizer sees every distinct text of each chunk;
 * cold: an empty cache at S = 2048 (the same work, plus hashing and writing the segments);
-* warm: the next run on that cache with `--seq-len 1024` (no text is tokenized again).
+* warm: the next run on that cache with `--seq-len 1024`: no text is tokenized again, no input
+  chunk parsed again, and tokenizer.json is not even loaded (etl.cache.parsed, answers.json).
 
 Then the check that the cache changes no byte: data/ and turns/ of the cold run equal the
 `--no-cache` run's, and the warm run's equal a `--no-cache` run at S = 1024. Last, glaive's tool
@@ -108,7 +109,8 @@ def cache_table(src: Path, tmp: Path, tokenizer: Path, rounds: int) -> Table:
               f"({cpu['cold cache'] / cpu['warm cache, other S']:.1f}x less CPU)."),
              (f"Cold: {cold['strings']:,} texts read, {cold['distinct']:,} distinct per batch, {cold['tokenized']:,} "
               f"tokenized. Warm: hit rate {manifest['hit_rate']:.1%}, {manifest['tokenized']:,} tokenized, "
-              f"{manifest['tokens_from_cache']:,} tokens read from the cache."),
+              f"{manifest['tokens_from_cache']:,} tokens read from the cache; parsed chunks "
+              f"{manifest['parsed_chunks']['from_cache']} read back, {manifest['parsed_chunks']['parsed']} parsed."),
              *same_bytes(tmp, src, tokenizer)]
     if (g := glaive(tmp, tokenizer)) is not None:
         notes.append(f"glaive ({GLAIVE.name}, sharegpt with tools, first run on an empty cache): {g['strings']:,} "
