@@ -10,7 +10,8 @@
 
 The root is `--cache DIR`, else $ETL_CACHE_DIR, else ~/.cache/etl/tokens. Its size is capped
 (`--cache-max-gb`, $ETL_CACHE_MAX_GB, default 4 GB): when a run ends the least recently used
-segments and parsed chunks go first. Nothing without the marker, and nothing but etl's own names, is ever removed.
+segments and parsed chunks go first. Nothing without the marker, and nothing but etl's own
+names, is ever removed.
 """
 
 from __future__ import annotations
