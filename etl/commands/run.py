@@ -56,11 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_cache_flags(p: argparse.ArgumentParser) -> None:
     """The token cache's flags (README "Token cache")."""
-    p.add_argument("--cache", metavar="DIR", help="token cache folder: content ids kept across runs, so a rerun "
-                   "with other options does not tokenize again (default $ETL_CACHE_DIR, else ~/.cache/etl/tokens)")
+    p.add_argument("--cache", metavar="DIR", help="token cache folder: content ids and parsed input chunks kept "
+                   "across runs, so a rerun with other options neither tokenizes nor parses again (default "
+                   "$ETL_CACHE_DIR, else ~/.cache/etl/tokens)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor fill the token cache")
     p.add_argument("--cache-max-gb", type=float, metavar="GB", help="the cache's size cap; the least recently "
-                   "used segments go first (default $ETL_CACHE_MAX_GB, else 4)")
+                   "used segments and parsed chunks go first (default $ETL_CACHE_MAX_GB, else 4)")
 
 
 def run(args: argparse.Namespace) -> int:
