@@ -125,6 +125,8 @@ def cache_line(cache: dict[str, Any] | None, saved: float | None) -> str | None:
             f"{cache['from_cache']:,} read from the cache ({cache['hit_rate']:.1%}), {cache['tokenized']:,} tokenized")
     if saved:
         line += f"; saved ~{saved:.1f}s of tokenizing ({cache['tokens_from_cache']:,} tokens at this tokenizer's rate)"
+    if parsed := cache.get("parsed_chunks"):
+        line += f"; {parsed['from_cache']:,} of {parsed['from_cache'] + parsed['parsed']:,} input chunks read back parsed"
     return line
 
 

@@ -130,3 +130,16 @@ def test_bytes_tokenizer_and_no_cache_keep_no_parsed_chunks(tmp_path: Path, tiny
     manifest = etl_run(src, tmp_path / "none", "--tokenizer", str(tiny_tokenizer_path), "--template", "chatml",
                        "--no-cache")
     assert "parsed_chunks" not in manifest["token_cache"] and not isolated_cache.exists()
+
+
+def test_timings_line_says_what_the_cache_served(tmp_path: Path, tiny_tokenizer_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`--timings` on a warm run: every distinct text and the one input chunk came from the cache."""
+    src = write_jsonl(tmp_path / "src" / "in.jsonl", chats(10)).parent
+    flags = ["--tokenizer", str(tiny_tokenizer_path), "--template", "chatml", "--cache", str(tmp_path / "cache")]
+    etl_run(src, tmp_path / "cold", *flags)
+    capsys.readouterr()
+    etl_run(src, tmp_path / "warm", *flags, "--timings")
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("etl run: token cache")]
+    assert "30 texts, 18 distinct per batch, 18 read from the cache (100.0%), 0 tokenized" in line
+    assert line.endswith("; 1 of 1 input chunks read back parsed")
