@@ -69,14 +69,16 @@ class Encoder:
         self.con = duckdb.connect() if self.root else None
         self.lock = threading.Lock()  # Polars may run two of a chunk's encodes at once
         self.closed = False
-        if self.root is not None and hasattr(tokenizer, "remember"):
-            tokenizer.remember(fo.read_answers(fo.namespace(self.root, self.key)))
+        # This tokenizer's folder of the cache (made, with its key file, when missing); None: no cache.
+        self.space = fo.namespace(self.root, self.key) if self.root is not None and self.key else None
+        if self.space is not None and hasattr(tokenizer, "remember"):
+            tokenizer.remember(fo.read_answers(self.space))
 
     @property
     def store(self) -> SegmentStore | None:
         """The cache's segments for this tokenizer (None: no cache); its index is read on first use."""
-        if self._store is None and self.root is not None and self.key is not None:
-            self._store = SegmentStore(fo.namespace(self.root, self.key))
+        if self._store is None and self.space is not None:
+            self._store = SegmentStore(self.space)
         return self._store
 
     def _sync(self) -> EncodeStats:
@@ -155,14 +157,14 @@ class Encoder:
 
     def close(self) -> None:
         """Write the run's new ids, keep the cache under its cap, log the run (once)."""
-        if self.root is None or self.closed:
+        if self.root is None or self.space is None or self.closed:
             return
         self.closed = True
         self.flush()
         if getattr(self.tokenizer, "new_answers", False):
-            fo.write_answers(fo.namespace(self.root, self.key), self.tokenizer.answers)  # type: ignore[attr-defined]
+            fo.write_answers(self.space, self.tokenizer.answers)  # type: ignore[attr-defined]
         fo.evict(self.root, self.limit)
-        fo.log_run(self.root, {"time": round(time.time()), "namespace": fo.namespace(self.root, self.key).name,
+        fo.log_run(self.root, {"time": round(time.time()), "namespace": self.space.name,
                                "tokenizer_seconds": round(self.stats.tokenizer_seconds, 3), **self.stats.to_json()})
 
     def summary(self) -> dict[str, Any] | None:
@@ -174,11 +176,11 @@ class Encoder:
     def saving(self) -> dict[str, float]:
         """`--timings`' estimate of the seconds the cache saved: its tokens at this run's tokenizer
         rate (or the last logged run's of this tokenizer, when this run tokenized nothing)."""
-        if self.root is None or not self.stats.tokens_from_cache:
+        if self.root is None or self.space is None or not self.stats.tokens_from_cache:
             return {}
         rate = self.stats.tokens_tokenized / self.stats.tokenizer_seconds if self.stats.tokenizer_seconds > 0.1 else 0
         if not rate:
-            logged = [r for r in fo.runs(self.root) if r.get("namespace") == fo.namespace(self.root, self.key).name
+            logged = [r for r in fo.runs(self.root) if r.get("namespace") == self.space.name
                       and r.get("tokenizer_seconds", 0) > 0.1]
             rate = logged[-1]["tokens_tokenized"] / logged[-1]["tokenizer_seconds"] if logged else 0
         return {SAVED: self.stats.tokens_from_cache / rate} if rate else {}
