@@ -4,7 +4,9 @@ a cache, texts tokenized by this or an earlier run are read back instead of toke
 Per batch (a chunk's contents, its reasoning, its tool calls): distinct texts (`keys.distinct`),
 their MD5 keys, the cache's ids for those it holds (`store.SegmentStore`), the tokenizer for the
 rest, one gather back to every row. Ids are the tokenizer's own either way (tests/cache compare
-them cold, warm, disabled and after a damaged segment).
+them cold, warm, disabled and after a damaged segment). A failed cache write (a full disk, a link
+below the root) turns the cache off for the rest of the run (`etl.cache.guard`): every text is
+then tokenized, as with --no-cache.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Self
 
 import duckdb
@@ -22,6 +25,7 @@ import pyarrow as pa
 
 from etl.cache import folder as fo
 from etl.cache.folder import CacheSettings
+from etl.cache.guard import CacheGuard
 from etl.cache.keys import content_keys, distinct
 from etl.cache.store import SegmentStore
 from etl.ragged import gather_pieces
@@ -63,23 +67,33 @@ class Encoder:
         self.tokenizer = tokenizer
         self.key = getattr(tokenizer, "cache_key", None)  # None: the bytes tokenizer, nothing to save
         self.stats = EncodeStats()
-        self.root = fo.open_root(settings.root) if settings and settings.root and self.key else None
+        self.guard = settings.guard if settings else CacheGuard()
+        root = settings.root if settings and self.key else None
+        self.root = self.guard.attempt(root, lambda: fo.open_root(root)) if root is not None else None
         self.limit = settings.max_bytes if settings else 0
         self._store: SegmentStore | None = None  # opened at the first encode (a Ray driver never does)
         self.con = duckdb.connect() if self.root else None
         self.lock = threading.Lock()  # Polars may run two of a chunk's encodes at once
         self.closed = False
         # This tokenizer's folder of the cache (made, with its key file, when missing); None: no cache.
-        self.space = fo.namespace(self.root, self.key) if self.root is not None and self.key else None
+        self.space = self._open_space()
         if self.space is not None and hasattr(tokenizer, "remember"):
             tokenizer.remember(fo.read_answers(self.space))
 
+    def _open_space(self) -> Path | None:
+        root, key = self.root, self.key
+        if root is None or key is None:
+            return None
+        return self.guard.attempt(root, lambda: fo.namespace(root, key))
+
     @property
     def store(self) -> SegmentStore | None:
-        """The cache's segments for this tokenizer (None: no cache); its index is read on first use."""
-        if self._store is None and self.space is not None:
-            self._store = SegmentStore(self.space)
-        return self._store
+        """The cache's segments for this tokenizer (None: no cache, or off after a failed write);
+        its index is read on first use."""
+        if self._store is None and self.space is not None and self.root is not None:
+            root, space = self.root, self.space
+            self._store = self.guard.attempt(root, lambda: SegmentStore(space, root, self.guard))
+        return None if self.guard.off else self._store
 
     def _sync(self) -> EncodeStats:
         if self._store is not None:
@@ -97,10 +111,11 @@ class Encoder:
             repeats = distinct(texts)
             unique = texts if repeats is None else texts.take(pa.array(repeats[0]))
             self.stats.distinct += len(unique)
-            if self.store is None:
+            store = self.store  # once: the parsing thread may turn the cache off meanwhile
+            if store is None:
                 sources, source, row = [self._tokenize(unique, timings)], np.zeros(len(unique), np.int64), None
             else:
-                sources, source, row = self._cached(unique, timings)
+                sources, source, row = self._cached(store, unique, timings)
             if repeats is not None:
                 source, row = source[repeats[1]], (np.arange(len(unique)) if row is None else row)[repeats[1]]
             out = gather(sources, source, row)
@@ -117,17 +132,18 @@ class Encoder:
         self.stats.tokens_tokenized += len(ids.values)
         return ids
 
-    def _cached(self, texts: pa.Array, timings: Counter[str]) -> tuple[list[pa.LargeListArray], np.ndarray, np.ndarray]:
+    def _cached(self, store: SegmentStore, texts: pa.Array,
+                timings: Counter[str]) -> tuple[list[pa.LargeListArray], np.ndarray, np.ndarray]:
         """(id arrays, which array and row holds each text's ids): the cache's segments where they
         hold the text (checked key by key), then the tokenizer's ids of the rest."""
-        assert self.store is not None and self.con is not None
+        assert self.con is not None
         keys = content_keys(texts, self.con)
-        seg, row = self.store.find(keys)
+        seg, row = store.find(keys)
         sources: list[pa.LargeListArray] = []
         source = np.full(len(texts), -1, np.int64)
         for number in np.unique(seg[seg >= 0]):
             rows = np.flatnonzero(seg == number)
-            loaded = self.store.segment(int(number))
+            loaded = store.segment(int(number))
             if loaded is None:
                 continue
             rows = rows[(loaded.keys[row[rows]] == keys[rows]).all(axis=1)]
@@ -138,7 +154,7 @@ class Encoder:
         self.stats.from_cache += len(texts) - len(missed)
         if len(missed):
             fresh = self._tokenize(texts.take(pa.array(missed)) if len(missed) < len(texts) else texts, timings)
-            self.store.add(keys[missed], fresh)
+            store.add(keys[missed], fresh)
             source[missed], row[missed] = len(sources), np.arange(len(missed))
             sources.append(fresh)
         return sources, source, row
@@ -157,15 +173,18 @@ class Encoder:
 
     def close(self) -> None:
         """Write the run's new ids, keep the cache under its cap, log the run (once)."""
-        if self.root is None or self.space is None or self.closed:
+        root, space = self.root, self.space
+        if root is None or space is None or self.closed:
             return
         self.closed = True
         self.flush()
         if getattr(self.tokenizer, "new_answers", False):
-            fo.write_answers(self.space, self.tokenizer.answers)  # type: ignore[attr-defined]
-        fo.evict(self.root, self.limit)
-        fo.log_run(self.root, {"time": round(time.time()), "namespace": self.space.name,
-                               "tokenizer_seconds": round(self.stats.tokenizer_seconds, 3), **self.stats.to_json()})
+            answers = self.tokenizer.answers  # type: ignore[attr-defined]
+            self.guard.attempt(root, lambda: fo.write_answers(space, answers, root))
+        self.guard.attempt(root, lambda: fo.evict(root, self.limit))
+        entry = {"time": round(time.time()), "namespace": space.name,
+                 "tokenizer_seconds": round(self.stats.tokenizer_seconds, 3), **self.stats.to_json()}
+        self.guard.attempt(root, lambda: fo.log_run(root, entry))
 
     def summary(self) -> dict[str, Any] | None:
         """The manifest's `token_cache`: where ids came from (None for a tokenizer without a cache key)."""

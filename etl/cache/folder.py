@@ -11,7 +11,8 @@
 The root is `--cache DIR`, else $ETL_CACHE_DIR, else ~/.cache/etl/tokens. Its size is capped
 (`--cache-max-gb`, $ETL_CACHE_MAX_GB, default 4 GB): when a run ends the least recently used
 segments and parsed chunks go first. Nothing without the marker, and nothing but etl's own
-names, is ever removed.
+names, is ever removed; nothing below the root is written or removed through a symlink
+(`etl.cache.guard`: a run then goes on without the cache, `clear` refuses).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from etl.cache.guard import TMP_PREFIX, CacheGuard, append_line, make_dir, remove, write_file
 from etl.errors import EtlError
+from etl.safe_paths import check_no_symlink
 
 ENV_DIR, ENV_MAX_GB = "ETL_CACHE_DIR", "ETL_CACHE_MAX_GB"
 DEFAULT_MAX_GB = 4.0
@@ -35,7 +38,6 @@ RUNS_LOG, KEY_FILE, ANSWERS_FILE = "runs.jsonl", "key.json", "answers.json"
 LOG_KEEP = 1000  # runs the log keeps (~200 B each)
 STALE_TMP_SECONDS = 24 * 3600  # a temporary file this old is a crashed writer's, not a live one's
 SEGMENT_NAME = re.compile(r"^[0-9a-f]{64}\.parquet$")  # <sha256 of its bytes>.parquet
-TMP_PREFIX = ".tmp-"  # files being written: renamed into place when whole
 PARSED_DIR, PARSED_SUFFIX = "parsed", ".arrow"
 PARSED_NAME = re.compile(r"^[0-9a-f]{40}\.[0-9a-f]{64}\.arrow$")  # <chunk key>.<sha256 of its bytes>.arrow
 
@@ -46,10 +48,12 @@ def is_segment(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class CacheSettings:
-    """Where the cache is (None: --no-cache) and its size cap in bytes."""
+    """Where the cache is (None: --no-cache), its size cap in bytes, and whether this run still
+    uses it (`guard`: off after a failed write; one settings object per run)."""
 
     root: Path | None
     max_bytes: int = int(DEFAULT_MAX_GB * 1e9)
+    guard: CacheGuard = field(default_factory=CacheGuard, compare=False, repr=False)
 
     @classmethod
     def resolve(cls, folder: str | None = None, *, disabled: bool = False, max_gb: float | None = None) -> CacheSettings:
@@ -84,29 +88,32 @@ def open_root(root: Path) -> Path:
 
     Raises:
         EtlError: `root` is a file, or a folder that holds other files and is not a token cache.
+        SymlinkRefused, OSError: the marker is a link, or cannot be written (`CacheGuard.attempt`
+            turns the cache off for the run).
     """
     if root.exists() and not root.is_dir():
         raise EtlError(f"token cache {root} is a file; pass a folder to --cache (or --no-cache)")
+    check_no_symlink(root / MARKER, root)
     if root.is_dir() and not is_cache(root) and any(root.iterdir()):
         raise EtlError(f"token cache {root} holds files and is not an etl token cache (no {MARKER}); pass a new "
                        "or empty folder to --cache, or --no-cache")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        (root / MARKER).write_text("etl token cache: `etl cache clear` empties it; safe to delete\n")
-    except OSError as exc:
-        raise EtlError(f"token cache {root} cannot be written ({exc}); pass another --cache DIR or --no-cache") from exc
+    root.mkdir(parents=True, exist_ok=True)
+    if not is_cache(root):
+        write_file(root / MARKER, b"etl token cache: `etl cache clear` empties it; safe to delete\n", root)
     return root
 
 
 def namespace(root: Path, cache_key: str) -> Path:
-    """The folder of one tokenizer and encoding: a digest of its key, the key written beside."""
-    folder = root / hashlib.sha256(cache_key.encode()).hexdigest()[:32]
-    folder.mkdir(exist_ok=True)
-    key = folder / KEY_FILE
+    """The folder of one tokenizer and encoding: a digest of its key, the key written beside.
+
+    Raises:
+        SymlinkRefused: the folder, its key or its answers file is a link.
+    """
+    folder = make_dir(root / hashlib.sha256(cache_key.encode()).hexdigest()[:32], root)
+    check_no_symlink(folder / ANSWERS_FILE, root)  # read at open, written at close
+    key = check_no_symlink(folder / KEY_FILE, root)
     if not key.is_file():
-        tmp = folder / f"{TMP_PREFIX}{os.getpid()}-key.json"
-        tmp.write_text(cache_key)
-        os.replace(tmp, key)
+        write_file(key, cache_key.encode(), root)
     return folder
 
 
@@ -124,12 +131,11 @@ def read_answers(folder: Path) -> dict[str, Any]:
         return {}
 
 
-def write_answers(folder: Path, answers: dict[str, Any]) -> None:
+def write_answers(folder: Path, answers: dict[str, Any], root: Path) -> None:
     """Add `answers` to the namespace's (a concurrent run's are kept: both are the same tokenizer's)."""
     merged = {**read_answers(folder), **answers}
-    tmp = folder / f"{TMP_PREFIX}{os.getpid()}-{ANSWERS_FILE}"
-    tmp.write_text(json.dumps({"sha256": _digest(merged), "answers": merged}, sort_keys=True), "utf-8")
-    os.replace(tmp, folder / ANSWERS_FILE)
+    body = json.dumps({"sha256": _digest(merged), "answers": merged}, sort_keys=True)
+    write_file(folder / ANSWERS_FILE, body.encode(), root)
 
 
 def namespaces(root: Path) -> list[Path]:
@@ -149,13 +155,17 @@ def parsed_files(root: Path) -> list[Path]:
 
 def evict(root: Path, limit: int) -> tuple[int, int]:
     """Remove the least recently used segments and parsed chunks until the cache holds at most
-    `limit` bytes, and temporary files a crashed writer left a day ago; (files removed, bytes freed)."""
+    `limit` bytes, and temporary files a crashed writer left a day ago; (files removed, bytes freed).
+
+    Raises:
+        SymlinkRefused: a file to remove, or a folder above it, is a link (nothing is removed through it).
+    """
     now = time.time()
-    for folder in [*namespaces(root), root / PARSED_DIR]:
+    for folder in [root, *namespaces(root), root / PARSED_DIR]:
         for p in folder.glob(f"{TMP_PREFIX}*"):
             with contextlib.suppress(FileNotFoundError):  # its writer renamed it just now
-                if now - p.stat().st_mtime > STALE_TMP_SECONDS:
-                    p.unlink(missing_ok=True)
+                if now - p.lstat().st_mtime > STALE_TMP_SECONDS:
+                    remove(p, root)
     found = []
     for p in segments(root) + parsed_files(root):
         try:
@@ -167,7 +177,7 @@ def evict(root: Path, limit: int) -> tuple[int, int]:
     for _, _, size, path in sorted(found):
         if total - freed <= limit:
             break
-        path.unlink(missing_ok=True)
+        remove(path, root)
         removed, freed = removed + 1, freed + size
     return removed, freed
 
@@ -175,13 +185,9 @@ def evict(root: Path, limit: int) -> tuple[int, int]:
 def log_run(root: Path, entry: dict[str, Any]) -> None:
     """Append one run's line (a single write of < 4 KiB: whole even beside another run's)."""
     log = root / RUNS_LOG
-    with log.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, sort_keys=True) + "\n")
-    if log.stat().st_size > LOG_KEEP * 400:
+    if append_line(log, json.dumps(entry, sort_keys=True) + "\n", root) > LOG_KEEP * 400:
         lines = log.read_text("utf-8").splitlines(keepends=True)[-LOG_KEEP:]
-        tmp = root / f"{TMP_PREFIX}{os.getpid()}-{RUNS_LOG}"
-        tmp.write_text("".join(lines), "utf-8")
-        os.replace(tmp, log)
+        write_file(log, "".join(lines).encode(), root)
 
 
 def runs(root: Path) -> list[dict[str, Any]]:
@@ -196,32 +202,39 @@ def runs(root: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _owned(root: Path) -> tuple[list[Path], list[Path]]:
+    """etl's files in the cache (segments, keys, answers, parsed chunks, temporary files) and the
+    folders that hold them."""
+    parsed = root / PARSED_DIR
+    folders = [*namespaces(root), *([parsed] if parsed.is_dir() else [])]
+    files = [p for folder in namespaces(root) for p in sorted(folder.iterdir())
+             if is_segment(p) or p.name in (KEY_FILE, ANSWERS_FILE) or p.name.startswith(TMP_PREFIX)]
+    files += parsed_files(root) + (sorted(parsed.glob(f"{TMP_PREFIX}*")) if parsed.is_dir() else [])
+    return files + sorted(root.glob(f"{TMP_PREFIX}*")), folders
+
+
 def clear(root: Path) -> tuple[int, int]:
     """Remove every segment, key, answers, parsed chunk, temporary file and the log; (files removed,
     bytes freed).
 
     Raises:
-        EtlError: `root` is not a token cache (no marker): nothing is removed.
+        EtlError: `root` is not a token cache (no marker), or a link lies where etl would remove
+            (SymlinkRefused, naming it): nothing is removed.
     """
     if not root.is_dir():
         return 0, 0
+    check_no_symlink(root / MARKER, root)
     if not is_cache(root):
         raise EtlError(f"{root} is not an etl token cache (no {MARKER} in it); nothing removed")
-    removed = freed = 0
-    for folder in namespaces(root):
-        for p in list(folder.iterdir()):
-            if is_segment(p) or p.name in (KEY_FILE, ANSWERS_FILE) or p.name.startswith(TMP_PREFIX):
-                freed += p.stat().st_size
-                p.unlink(missing_ok=True)
-                removed += 1
+    files, folders = _owned(root)
+    log = root / RUNS_LOG
+    for p in [*files, *folders, log]:
+        check_no_symlink(p, root)  # before the first removal: a link anywhere and nothing goes
+    freed = sum(p.stat().st_size for p in files)
+    for p in files:
+        p.unlink(missing_ok=True)
+    for folder in folders:
         if not any(folder.iterdir()):
             folder.rmdir()
-    parsed = root / PARSED_DIR
-    for p in parsed_files(root) + (sorted(parsed.glob(f"{TMP_PREFIX}*")) if parsed.is_dir() else []):
-        freed += p.stat().st_size
-        p.unlink(missing_ok=True)
-        removed += 1
-    if parsed.is_dir() and not any(parsed.iterdir()):
-        parsed.rmdir()
-    (root / RUNS_LOG).unlink(missing_ok=True)
-    return removed, freed
+    log.unlink(missing_ok=True)
+    return len(files), freed

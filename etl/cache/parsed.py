@@ -7,6 +7,8 @@ The key is a digest of the raw chunk (its line numbers and bytes) and of all the
 besides: the builder's SQL and parameters, its record size limit, etl's and DuckDB's versions. A
 template, mask, seq_len or mixture weight is not in it: those act after the parse. The file's own
 sha256 is in its name, checked at every read: a damaged file is removed and the chunk parsed again.
+A failed write (a full disk, a link below the cache root) turns the cache off for the run
+(`etl.cache.guard`): every chunk is then parsed, as with --no-cache.
 
 On T0 (Qwen2.5, 65 MB of JSONL) the parse was ~1.3 s of the ~4.5 s of CPU of a rerun whose every
 text is in the token cache; reading its 5 chunks back takes ~0.12 s of CPU (zstd: 65 MB of Arrow
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ from pyarrow import ipc
 from etl import __version__
 from etl.cache import folder as fo
 from etl.cache.folder import CacheSettings
+from etl.cache.guard import CacheGuard, make_dir, remove, touch, write_file
 from etl.formats.registry import BuilderQuery, run_builder, warn_unread
+from etl.safe_paths import check_no_symlink
 from etl.tokens.tokenizer import BYTES
 
 # Bumped when what a file holds changes meaning: older files are then never read again.
@@ -58,12 +61,16 @@ def chunk_key(raw: pa.Table, query: BuilderQuery) -> str:
 class ParsedChunks:
     """The parsed-chunk files of one cache root, used by one run's parsing thread."""
 
-    def __init__(self, root: Path) -> None:
-        self.folder = root / fo.PARSED_DIR
-        self.folder.mkdir(exist_ok=True)
+    def __init__(self, root: Path, guard: CacheGuard | None = None) -> None:
+        self.root, self.folder = root, root / fo.PARSED_DIR
+        self.guard = CacheGuard() if guard is None else guard
         # key -> file name; listed once (a file another run adds meanwhile is simply not used).
-        self.names = {p.name.split(".")[0]: p.name for p in self.folder.iterdir() if fo.PARSED_NAME.match(p.name)}
+        self.names: dict[str, str] = self.guard.attempt(root, self._list) or {}
         self.hits = self.misses = self.damaged = 0
+
+    def _list(self) -> dict[str, str]:
+        make_dir(self.folder, self.root)
+        return {p.name.split(".")[0]: p.name for p in self.folder.iterdir() if fo.PARSED_NAME.match(p.name)}
 
     def parse(self, con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQuery) -> pa.Table:
         """`run_builder(con, raw, query)`, read back when an earlier run parsed the same chunk so."""
@@ -75,25 +82,28 @@ class ParsedChunks:
             return table
         self.misses += 1
         table = run_builder(con, raw, query)
-        self._write(key, table)
+        if not self.guard.off:
+            self.guard.attempt(self.root, lambda: self._write(key, table))
         return table
 
     def _read(self, key: str) -> pa.Table | None:
         name = self.names.get(key)
-        if name is None:
+        if name is None or self.guard.off:
             return None
-        path = self.folder / name
+        return self.guard.attempt(self.root, lambda: self._load(self.folder / name))
+
+    def _load(self, path: Path) -> pa.Table | None:
         try:
-            data = path.read_bytes()
+            data = check_no_symlink(path, self.root).read_bytes()
         except FileNotFoundError:  # evicted by another run since the listing
             return None
-        if hashlib.sha256(data).hexdigest() != name.split(".")[1]:
+        if hashlib.sha256(data).hexdigest() != path.name.split(".")[1]:
             self.damaged += 1
             print(f"etl run: warning: parsed chunk {path} is damaged (checksum); removed, parsing again",
                   file=sys.stderr)
-            path.unlink(missing_ok=True)
+            remove(path, self.root)
             return None
-        os.utime(path)  # recently used: eviction takes the oldest first
+        touch(path, self.root)  # recently used: eviction takes the oldest first
         return ipc.open_file(pa.py_buffer(data)).read_all()
 
     def _write(self, key: str, table: pa.Table) -> None:
@@ -102,10 +112,7 @@ class ParsedChunks:
             writer.write_table(table)
         data = sink.getvalue()
         name = f"{key}.{hashlib.sha256(data).hexdigest()}{fo.PARSED_SUFFIX}"
-        tmp = self.folder / f"{fo.TMP_PREFIX}{os.getpid()}-{name}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, self.folder / name)
+        write_file(self.folder / name, memoryview(data), self.root)
         self.names[key] = name
 
     def summary(self) -> dict[str, Any]:
@@ -118,4 +125,6 @@ def open_parsed(cache: CacheSettings | None, tokenizer: str) -> ParsedChunks | N
     leaves the cache alone: nothing of its run is worth keeping)."""
     if cache is None or cache.root is None or tokenizer == BYTES:
         return None
-    return ParsedChunks(fo.open_root(cache.root))
+    root = cache.root
+    opened = cache.guard.attempt(root, lambda: fo.open_root(root))
+    return None if opened is None else ParsedChunks(opened, cache.guard)

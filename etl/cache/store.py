@@ -5,11 +5,12 @@ Reads are lazy and checked: the index is built from the segments' keys alone at 
 text), and a segment's ids are read, checksummed and compared key by key the first time a chunk
 needs them. Anything wrong with a segment (checksum, Parquet, removed by another run) makes its
 texts misses: they are tokenized again and written anew, so the cache can never change an id.
+Writes, removals and `utime`s go through `guard` (`etl.cache.guard`): a full disk or a link below
+the cache root turns the cache off for the run instead of failing it.
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections import OrderedDict
 from pathlib import Path
@@ -19,6 +20,7 @@ import pyarrow as pa
 
 from etl.cache import index as ix
 from etl.cache.folder import is_segment
+from etl.cache.guard import CacheGuard, remove, touch
 from etl.cache.segments import (
     IDS,
     KEY0,
@@ -30,6 +32,7 @@ from etl.cache.segments import (
     write_segment,
 )
 from etl.errors import EtlWarning
+from etl.safe_paths import check_no_symlink
 
 # New ids held before they are written as one segment: 16M ids (64 MB), about T0's 55k chats.
 FLUSH_IDS = 16 << 20
@@ -48,8 +51,10 @@ class Loaded:
 class SegmentStore:
     """The segments of one namespace folder, their index, and this run's unwritten ids."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path, root: Path | None = None, guard: CacheGuard | None = None) -> None:
+        """Raises SymlinkRefused when a segment is a link (the caller's guard turns the cache off)."""
+        self.folder, self.root = folder, root or folder.parent
+        self.guard = CacheGuard() if guard is None else guard
         self.paths: list[Path | None] = []  # segment number -> file (None: not written yet)
         self.loaded: OrderedDict[int, Loaded] = OrderedDict()  # least recently used first
         self.pending: list[int] = []  # segment numbers of this run's unwritten ids
@@ -61,6 +66,7 @@ class SegmentStore:
     def _read_index(self) -> ix.KeyIndex:
         keys, segs, rows = [np.zeros((0, 2), np.uint64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
         for path in sorted(p for p in self.folder.iterdir() if is_segment(p)):
+            check_no_symlink(path, self.root)  # read now, touched and maybe removed later
             try:
                 k = segment_keys(path)
             except FileNotFoundError:
@@ -78,7 +84,7 @@ class SegmentStore:
         self.corrupt += 1
         warnings.warn(f"token cache segment {path} is damaged ({why}): ignored and removed; its texts are "
                       "tokenized again", EtlWarning, stacklevel=2)
-        path.unlink(missing_ok=True)
+        self.guard.attempt(self.root, lambda: remove(path, self.root))
 
     def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(segment, row) of each key, segment -1 where the cache does not hold it."""
@@ -101,7 +107,7 @@ class SegmentStore:
         assert path is not None, "unwritten segments stay loaded"
         try:
             table = read_segment(path)
-            os.utime(path)  # recently used: eviction takes the oldest first
+            self.guard.attempt(self.root, lambda: touch(path, self.root))  # eviction takes the oldest first
         except FileNotFoundError:  # another run evicted it
             self.bad.add(number)
             return None
@@ -134,14 +140,20 @@ class SegmentStore:
             self.flush()
 
     def flush(self) -> None:
-        """Write the unwritten ids as one segment; the index points at it from now on."""
-        if not self.pending:
+        """Write the unwritten ids as one segment; the index points at it from now on. When the
+        write fails the cache is off (`guard`): the ids stay in memory, and no more are added."""
+        if not self.pending or self.guard.off:
             return
-        pieces = [self.loaded.pop(n) for n in self.pending]
+        pieces = [self.loaded[n] for n in self.pending]
         keys = np.concatenate([p.keys for p in pieces])
         ids = pa.concat_arrays([p.ids for p in pieces])
+        path = self.guard.attempt(self.root, lambda: write_segment(self.folder, keys, ids, self.root))
+        if path is None:
+            return
+        for n in self.pending:
+            del self.loaded[n]
         number = len(self.paths)
-        self.paths.append(write_segment(self.folder, keys, ids))
+        self.paths.append(path)
         self.written += 1
         starts = np.cumsum([0] + [len(p.keys) for p in pieces])
         remap = np.full(number, -1, np.int64)
