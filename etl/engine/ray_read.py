@@ -25,7 +25,7 @@ class ChunkSource(Datasource):
         self.chunk_bytes, self.max_items = chunk_bytes, max_items
 
     def estimate_inmemory_data_size(self) -> int | None:
-        return sum(s.path.stat().st_size for _, s in self.sources if s.kind != "dir")
+        return sum(s.size() for _, s in self.sources)
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        data_context: Any = None) -> list[ReadTask]:
@@ -38,7 +38,7 @@ class ChunkSource(Datasource):
         def read() -> Any:
             yield from raw_chunks(group, chunk_bytes=chunk_bytes, max_items=max_items)
 
-        size = sum(s.path.stat().st_size for _, s in group if s.kind != "dir")
+        size = sum(s.size() for _, s in group)
         meta = BlockMetadata(num_rows=None, size_bytes=size, exec_stats=None,
                              input_files=[str(s.path) for _, s in group])
         return ReadTask(read, meta, schema=CHUNK_SCHEMA)

@@ -1,22 +1,34 @@
 """Find the input files of SRC (a file, a folder searched recursively, or a glob) as `Source`s.
 
 A file's kind and compression come from its name (`classify`); hidden and underscore-prefixed
-paths are skipped; a folder that cannot be listed becomes a `Source` of kind `dir`, which the
-reader turns into `UnreadableDir`. `UnreadableFile` lives here too, below the reader and the
-decompressor that both raise it. SRC given as a URI is listed by `etl.ingest.objects` into
+paths are skipped; each real file is read once (`etl.ingest.walk`); what is counted but not read
+becomes a `Source` of kind `NOT_READ`, which the reader turns into an `UnreadableFile` with its
+reason. `UnreadableFile` lives here too, below the reader and the decompressor that both raise it. SRC given as a URI is listed by `etl.ingest.objects` into
 `Source`s whose path is an `ObjectPath`; this module only tells a URI from a path (`is_uri`).
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import re
+import stat
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from etl.errors import EtlError
+from etl.errors import EtlError, EtlWarning
+from etl.ingest.walk import (
+    ALREADY_READ,
+    SYMLINK_LOOP,
+    UNREADABLE_DIR,
+    hidden,
+    identity,
+    walk,
+    walk_glob,
+)
 
 KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
@@ -67,12 +79,22 @@ class ObjectPath:
         return f"{self.root.split('://', 1)[0]}://{self.key}"
 
 
+# Kind of a `Source` that is counted but not read: a folder that cannot be listed, a link not
+# followed, an input-named entry that is not a regular file. It has no size (`Source.size`).
+NOT_READ = "not_read"
+UNREADABLE_FILE = "unreadable_file"
+# Reasons of paths skipped because what they lead to is read under another path: nothing is lost,
+# so they are not `incomplete_inputs` (and do not make the exit status 3).
+READ_ELSEWHERE = (SYMLINK_LOOP, ALREADY_READ)
+
+
 @dataclass(frozen=True)
 class Source:
     """One input: its path, the name written to `source_file`, its kind and compression.
 
-    Kind `dir` is a folder under SRC that could not be listed (`error` says why): the run counts
-    it as a rejected record (`unreadable_dir`) instead of skipping what it holds unseen.
+    Kind `NOT_READ` is an entry under SRC the run counts as one rejected record instead of
+    reading it: `reason` is the reject reason (`unreadable_dir`, `symlink_loop`, `already_read`,
+    `unreadable_file`), `error` says why.
     """
 
     path: Path | ObjectPath
@@ -80,18 +102,31 @@ class Source:
     kind: str
     compression: str | None
     error: str | None = None
+    reason: str | None = None
+
+    def size(self) -> int:
+        """Bytes the engines will read (progress, Ray's blocks, the run's identity): 0 if `NOT_READ`."""
+        return 0 if self.kind == NOT_READ else self.path.stat().st_size
+
+    def not_read(self) -> UnreadableFile:
+        """The exception a reader raises for a `NOT_READ` source, carrying its reason."""
+        if self.reason in (None, UNREADABLE_DIR):
+            return UnreadableDir(f"cannot list folder ({self.error})")
+        exc = UnreadableFile(self.error)
+        exc.reason = self.reason
+        return exc
 
 
 class UnreadableFile(Exception):
     """A whole file (or the rest of it) could not be parsed; the run records it and goes on."""
 
-    reason = "unreadable_file"
+    reason = UNREADABLE_FILE
 
 
 class UnreadableDir(UnreadableFile):
     """A folder under SRC could not be listed: whatever it holds is counted as one reject."""
 
-    reason = "unreadable_dir"
+    reason = UNREADABLE_DIR
 
 
 def classify(path: Path) -> tuple[str, str | None] | None:
@@ -123,61 +158,73 @@ def source_root(src: str) -> Path:
     return root.parent if root.is_file() else _glob_base(src)
 
 
-def hidden(part: str) -> bool:
-    """A hidden or underscore-prefixed name (`.ipynb_checkpoints`, `_old`): not input."""
-    return part.startswith((".", "_")) and part not in (".", "..")
-
-
-def _walk(root: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """Files under root (symlinked folders followed, as `rglob` did) and the folders that could
-    not be listed, with why. Hidden and underscore-prefixed folders are not entered."""
-    if not os.access(root, os.R_OK | os.X_OK):
-        raise EtlError(f"cannot read the input folder {root} (permission denied); check its permissions")
-    files: list[Path] = []
-    unreadable: list[tuple[Path, str]] = []
-
-    def failed(exc: OSError) -> None:
-        unreadable.append((Path(exc.filename or root), exc.strerror or str(exc)))
-
-    for folder, dirs, names in os.walk(root, onerror=failed, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not hidden(d))
-        files += [Path(folder) / n for n in names if (Path(folder) / n).is_file()]
-    return files, unreadable
-
-
 def discover(src: str) -> list[Source]:
     """Input files of SRC (a file, a directory searched recursively, or a glob), sorted.
 
     Names are relative to SRC's directory (for a glob, its non-magic prefix directory), so
     a directory and a glob over it name files alike. A path with a hidden or underscore-
     prefixed part below that base (`.ipynb_checkpoints/`, `_old/`, `.x.jsonl`) is skipped.
-    A folder under a directory SRC that cannot be listed is a `Source` of kind `dir`.
+    Each real file is read once, under its first name; what is counted but not read (a folder
+    that cannot be listed, a symlink loop, a second path to a file or folder, an input-named
+    entry that is not a regular file) is a `Source` of kind `NOT_READ`.
     """
     root = Path(src)
-    unreadable: list[tuple[Path, str]] = []
-    if root.is_file():
-        candidates, base = [root], root.parent
-    elif root.is_dir():
-        (candidates, unreadable), base = _walk(root), root
-    else:
-        base = _glob_base(src)
-        candidates = [Path(p) for p in glob.glob(src, recursive=True) if Path(p).is_file()]
-    sources = [Source(path=p, name=_name(p, base) + "/", kind="dir", compression=None, error=why)
-               for p, why in unreadable]
-    for path in sorted(candidates):
-        kind = classify(path)
-        if kind is None:
-            continue
-        name = _name(path, base)
-        if any(hidden(part) for part in Path(name).parts):
-            continue
-        sources.append(Source(path=path, name=name, kind=kind[0], compression=kind[1]))
+    if root.is_dir():
+        if not os.access(root, os.R_OK | os.X_OK):
+            raise EtlError(f"cannot read the input folder {root} (permission denied); check its permissions")
+        (entries, skipped), base = walk(root), root
+    elif root.is_file():
+        (entries, skipped), base = ([root], []), root.parent
+    else:  # a glob, or a path that is not a file or folder (a dangling link, a FIFO): counted
+        (entries, skipped), base = walk_glob(src), _glob_base(src)
+    sources = [_counted(s.path, _name(s.path, base) + ("/" if s.folder else ""), s.reason, s.why) for s in skipped]
+    sources += _files(entries, base)
     if not sources:
         raise EtlError(
             f"no input files found at {src}; expected .jsonl, .json or .parquet files "
             "(optionally .gz or .zst), a directory holding them, or a glob"
         )
+    for s in sources:
+        if s.reason in READ_ELSEWHERE:
+            warnings.warn(f"{s.name}: skipped, {s.error}; counted as rejected ({s.reason})", EtlWarning, stacklevel=2)
     return sorted(sources, key=lambda s: Path(s.name).parts)  # as Path sorting: by part
+
+
+def _counted(path: Path, name: str, reason: str, why: str) -> Source:
+    return Source(path=path, name=name, kind=NOT_READ, compression=None, error=why, reason=reason)
+
+
+_FILE_TYPES = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+               stat.S_IFBLK: "a block device", stat.S_IFDIR: "a folder"}
+
+
+def _files(paths: list[Path], base: Path) -> list[Source]:
+    """The input-named paths as `Source`s, in name order. One that is not a regular file is
+    counted (`unreadable_file`), never opened: a FIFO would block the read for ever; a second
+    path to a file already found (a symlink, a hard link) is counted as `already_read`."""
+    sources: list[Source] = []
+    first: dict[tuple[int, int], str] = {}  # identity -> the name the file is read under
+    for path in sorted(paths):
+        kind = classify(path)
+        name = _name(path, base)
+        if kind is None or any(hidden(part) for part in Path(name).parts):
+            continue
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            missing = exc.errno == errno.ENOENT and path.is_symlink()
+            why = f"a dangling link: {os.path.realpath(path)} is missing" if missing else exc.strerror or str(exc)
+            sources.append(_counted(path, name, UNREADABLE_FILE, why))
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            what = _FILE_TYPES.get(stat.S_IFMT(st.st_mode), "an unknown kind of file")
+            sources.append(_counted(path, name, UNREADABLE_FILE, f"not a regular file but {what}"))
+        elif (ident := identity(st)) in first:
+            sources.append(_counted(path, name, ALREADY_READ, f"the same file as {first[ident]} (read once)"))
+        else:
+            first[ident] = name
+            sources.append(Source(path=path, name=name, kind=kind[0], compression=kind[1]))
+    return sources
 
 
 def _name(path: Path, base: Path) -> str:

@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 
 from etl.columns import INVALID_UTF8
 from etl.config.run_config import DEFAULT_CHUNK_BYTES
-from etl.ingest.decompress import open_binary
-from etl.ingest.discover import Source, UnreadableDir, UnreadableFile
+from etl.ingest.decompress import open_binary, verify
+from etl.ingest.discover import NOT_READ, Source, UnreadableFile
 
 Progress = Callable[[int], None]
 RAW_SCHEMA = pa.schema([("source_line", pa.int64()), ("line", pa.large_string())])
@@ -282,11 +282,14 @@ def read_chunks(
     small, so parsing starts sooner: `FIRST_CHUNK_BYTES`).
 
     Raises:
-        UnreadableFile: the file (or the rest of it) cannot be parsed at all.
+        UnreadableFile: the file (or the rest of it) cannot be parsed at all; `CorruptFile`: a
+            compressed file failed its check (`verify`, before its first chunk): nothing yielded.
     """
-    if source.kind == "dir":
-        raise UnreadableDir(f"cannot list folder ({source.error})")
+    if source.kind == NOT_READ:
+        raise source.not_read()
     try:
+        if source.compression is not None:  # none of a damaged archive is used
+            verify(source)
         if source.kind == "jsonl":
             yield from _jsonl_chunks(source, chunk_bytes, progress, first_bytes=first_bytes)
         elif source.kind == "json":

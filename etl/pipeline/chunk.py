@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl import columns as c
-from etl.ingest.discover import Source, UnreadableFile
+from etl.ingest.discover import READ_ELSEWHERE, Source, UnreadableFile
 from etl.ingest.preprocess import Deduplicator, domains, record_keys, splits
 from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_table
 from etl.output.part_writer import PartWriter
@@ -145,13 +145,16 @@ def _write_examples(
 
 def reject_file(source: Source, exc: UnreadableFile, counts: Counts, parts: PartWriter) -> None:
     """A file (or folder) that cannot be read, or not to its end, counts as one rejected record
-    (line -1) and is listed in the manifest's `incomplete_inputs` with how much of it was kept."""
+    (line -1) and is listed in the manifest's `incomplete_inputs` with how much of it was kept.
+    A path not followed because what it leads to is read under another (`READ_ELSEWHERE`) is
+    counted the same way but loses nothing, so it is not listed."""
     counts.read += 1
     counts.rejected[exc.reason] += 1
-    counts.incomplete.append(
-        {"path": source.name, "reason": exc.reason, "records_read": counts.read_per_file[source.name],
-         "error": str(exc)}
-    )
+    if exc.reason not in READ_ELSEWHERE:
+        counts.incomplete.append(
+            {"path": source.name, "reason": exc.reason, "records_read": counts.read_per_file[source.name],
+             "error": str(exc)}
+        )
     table = pa.table(
         {
             c.SOURCE_LINE: pa.array([-1], pa.int64()),

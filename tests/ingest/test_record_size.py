@@ -151,7 +151,7 @@ def test_bad_cli_values_are_errors(tmp_path: Path, value: str, capsys: pytest.Ca
 @pytest.mark.parametrize(
     ("input_type", "small", "big"),
     [
-        ("text", {"text": "t"}, {"text": "t" * 400}),
+        ("text", {"text": "t" * 60}, {"text": "t" * 400}),  # over min_chars (50): written
         ("instruction", {"instruction": "i", "output": "o"}, {"instruction": "i" * 400, "output": "o"}),
         ("sharegpt", {"conversations": [{"from": "human", "value": "h"}, {"from": "gpt", "value": "g"}]},
          {"conversations": [{"from": "human", "value": "h" * 400}, {"from": "gpt", "value": "g"}]}),

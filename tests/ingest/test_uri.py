@@ -98,13 +98,13 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
 def test_s3_src_gives_the_rows_of_a_local_folder(s3: S3, tmp_path: Path) -> None:
     src = _raw(tmp_path)
     whole = gzip.compress("".join(json.dumps(_chat(i)) + "\n" for i in range(200, 300)).encode())
-    (src / "d.jsonl.gz").write_bytes(whole[: len(whole) * 2 // 3])  # truncated: salvaged, then a reject
+    (src / "d.jsonl.gz").write_bytes(whole[: len(whole) * 2 // 3])  # truncated: one reject, nothing of it used
     s3.upload(src, "data/raw")
     local = run(str(src), str(tmp_path / "local"), CONFIG, progress=False)
     remote = run(s3.uri("data/raw"), str(tmp_path / "s3"), CONFIG, progress=False)
     assert remote["inputs"] == local["inputs"] == ["a.jsonl.gz", "c.json", "d.jsonl.gz", "sub/b.parquet"]
     assert remote["counts"] == local["counts"]
-    assert local["counts"]["rejected"] == {"invalid_json": 1, "unreadable_file": 1}
+    assert local["counts"]["rejected"] == {"invalid_json": 1, "corrupt_file": 1}
     assert remote["incomplete_inputs"] == local["incomplete_inputs"]
     assert _rows(tmp_path / "s3") == _rows(tmp_path / "local")
     assert _files(tmp_path / "s3") == _files(tmp_path / "local")  # the same chunks: the same files

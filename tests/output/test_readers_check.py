@@ -134,7 +134,7 @@ def test_a_folder_without_permissions_is_counted(tmp_path: Path) -> None:
         (raw / "locked").chmod(0o755)
 
 
-def test_a_truncated_archive_is_salvaged_and_exits_3(tmp_path: Path) -> None:
+def test_a_truncated_archive_is_rejected_whole_and_exits_3(tmp_path: Path) -> None:
     recs = [chat(("user", f"question {i} " + "x" * 200), ("assistant", f"answer {i}")) for i in range(400)]
     body = gzip.compress("".join(json.dumps(r) + "\n" for r in recs).encode())
     raw = tmp_path / "raw"
@@ -145,13 +145,14 @@ def test_a_truncated_archive_is_salvaged_and_exits_3(tmp_path: Path) -> None:
     assert r.returncode == 3, r.stderr
     manifest = read_manifest(tmp_path / "out")
     lost = manifest["incomplete_inputs"]
-    assert [i["path"] for i in lost] == ["cut.jsonl.gz"] and 0 < lost[0]["records_read"] < 400
-    assert f"cut.jsonl.gz: {lost[0]['records_read']:,} records salvaged" in r.stderr
+    # Its intact first half is not kept either: issue 26 (a damaged archive trains nothing).
+    assert [(i["path"], i["reason"], i["records_read"]) for i in lost] == [("cut.jsonl.gz", "corrupt_file", 0)]
+    assert "cut.jsonl.gz: failed its integrity check; none of its records were used" in r.stderr
     assert "exit status 3" in r.stderr
     written = pq.read_table(tmp_path / "out" / "data").num_rows
-    assert written == manifest["counts"]["written"] == lost[0]["records_read"] + 5
+    assert written == manifest["counts"]["written"] == 5
     quiet = etl("run", str(raw), str(tmp_path / "out"), "--quiet")  # --quiet still warns
-    assert quiet.returncode == 3 and "salvaged" in quiet.stderr
+    assert quiet.returncode == 3 and "integrity check" in quiet.stderr
     clean = etl("run", str(raw / "ok.jsonl"), str(tmp_path / "out"), "--quiet")
     assert clean.returncode == 0 and clean.stderr == ""
 
