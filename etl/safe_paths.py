@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from etl.errors import EtlError
@@ -40,15 +41,24 @@ def check_no_symlink(path: Path, root: Path) -> Path:
     Raises:
         SymlinkRefused: naming the first link found.
     """
-    current = root
-    for part in path.relative_to(root).parts:
-        current = current / part
+    # Split and joined as strings: a pathlib join or `relative_to` costs ~10 µs, an lstat ~1 µs,
+    # so a part's path checks in ~4 µs rather than ~50.
+    base, full = os.fspath(root).rstrip(os.sep), os.fspath(path)
+    if full == base:
+        parts: Sequence[str] = ()
+    elif full.startswith(base + os.sep):
+        parts = full[len(base) + 1:].split(os.sep)
+    else:  # a root like "." (or a path not below it: ValueError)
+        parts = path.relative_to(root).parts
+    current = base
+    for part in parts:
+        current += os.sep + part
         try:
             mode = os.lstat(current).st_mode
         except FileNotFoundError:
             return path  # nothing below a missing component exists either
         if stat.S_ISLNK(mode):
-            raise _refuse(current, root)
+            raise _refuse(Path(current), root)
     return path
 
 

@@ -19,9 +19,10 @@ from etl import columns as c
 from etl.cache.encoder import EncodeStats
 from etl.engine.chunks import CHUNK, FILE
 from etl.engine.worker import CACHE, COUNTS, PARTS, TIMINGS
-from etl.output.ownership import OutputWriter
 from etl.output.parquet import REJECTS_SCHEMA, write_part
+from etl.output.writer import OutputWriter
 from etl.pipeline.accounting import Counts
+from etl.safe_paths import check_no_symlink
 
 
 def merge_counts(results: list[dict[str, Any]]) -> Counts:
@@ -56,8 +57,10 @@ def merge_cache_stats(results: list[dict[str, Any]]) -> EncodeStats:
     return total
 
 
-def commit_parts(output: OutputWriter, staging: Path, results: list[dict[str, Any]]) -> None:
+def commit_parts(output: OutputWriter, staging: Path, results: list[dict[str, Any]], *,
+                 identity: dict[str, str]) -> None:
     """Journal each staged part's final name, rename it there and record it; remove staging.
+    `identity`: the run's, which the workers stamped on their parts and the empty rejects part gets.
 
     A kill between two renames leaves the journal listing both the staging folder and every final
     name reserved so far: the rerun removes them all, and no manifest was written.
@@ -71,10 +74,11 @@ def commit_parts(output: OutputWriter, staging: Path, results: list[dict[str, An
         final = output.reserve(output.root / folder / f"part-{numbers[folder]:05d}.parquet")
         numbers[folder] += 1
         final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staging / entry["path"], final)
+        # the workers' own file, never a link: renaming one would make a link a part
+        os.replace(check_no_symlink(staging / entry["path"], output.root), final)
         output.add(final, rows=entry["rows"], sha256=entry["sha256"])
     if not numbers[c.REJECTS_DIR]:  # DESIGN §4 lists _rejects/part-00000: present, empty
         path = output.reserve(output.root / c.REJECTS_DIR / "part-00000.parquet")
-        write_part(REJECTS_SCHEMA.empty_table(), path)
+        write_part(REJECTS_SCHEMA.empty_table(), path, identity=identity)
         output.add(path, rows=0)
-    shutil.rmtree(staging)
+    shutil.rmtree(check_no_symlink(staging, output.root))

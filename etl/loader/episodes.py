@@ -17,10 +17,11 @@ import numpy as np
 from etl.columns import DATA_DIR, INPUT_IDS, LOSS_MASK, SPLITS
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
-from etl.output.ownership import OutputWriter, tmp_of
+from etl.output.ownership import tmp_of
 from etl.output.parts import listed_parts, listed_splits, open_part
 from etl.output.storage import memmap_file
 from etl.output.storage_backends import META_FILE
+from etl.output.writer import OutputWriter
 from etl.ragged import from_arrow
 from etl.ui.progress import rows_bar
 
@@ -29,10 +30,10 @@ TOKENS_FILE, MASK_FILE, INDEX_FILE = "tokens.bin", "mask.bin", "episodes.idx"
 
 def _export_split(files: list[Path], out: Path, *, mask: bool, output: OutputWriter) -> dict[str, int]:
     """Stream one split, row group by row group (memory: one row group), to temp files."""
-    out.mkdir(parents=True, exist_ok=True)
     names = [TOKENS_FILE, INDEX_FILE] + ([MASK_FILE] if mask else [])
-    for n in names:  # journaled before created; the temp names go with them
+    for n in names:  # journaled (and refused below a link) before created; the temp names go with them
         output.reserve(out / n)
+    out.mkdir(parents=True, exist_ok=True)
     handles = {n: open(tmp_of(out / n), "wb") for n in names}  # noqa: SIM115 (closed below)
     episodes = tokens = 0
     bar = rows_bar(files, desc=f"etl export {out.name}")
@@ -104,7 +105,7 @@ def export_episodes(
             "splits": counts,
         }
         path = output.reserve(out / META_FILE)
-        tmp_of(path).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        tmp_of(path).write_text(json.dumps(meta, indent=2, sort_keys=True, allow_nan=False) + "\n", encoding="utf-8")
         os.replace(tmp_of(path), path)
         output.add(path)
         output.commit({"format": "episodes", "source": meta["source"], "splits": counts})

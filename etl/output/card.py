@@ -13,8 +13,9 @@ from typing import Any
 
 from etl import columns as c
 from etl.errors import EtlWarning
-from etl.output.ownership import OutputWriter, tmp_of
+from etl.output.ownership import tmp_of
 from etl.output.parquet import TURNS_SCHEMA, data_schema
+from etl.output.writer import OutputWriter
 
 # Config name -> folder of parts. `default` is what `load_dataset(DST)` returns.
 CONFIGS = {"default": c.DATA_DIR, "turns": c.TURNS_DIR}

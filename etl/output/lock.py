@@ -18,6 +18,7 @@ from typing import Self
 
 from etl.columns import LOCK_FILE
 from etl.errors import EtlError
+from etl.safe_paths import open_nofollow
 
 ATTEMPTS = 5  # lock races lost to a concurrent release before giving up (each costs microseconds)
 
@@ -38,6 +39,16 @@ def _describe(path: Path) -> str:
         return "another process"
 
 
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether `path` itself (not a link's target) is the file open as `fd`."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (found.st_dev, found.st_ino) == (mine.st_dev, mine.st_ino)
+
+
 class FolderLock:
     """An exclusive lock on a folder for one writer (a context manager; state: the open file)."""
 
@@ -52,7 +63,7 @@ class FolderLock:
         except ImportError as exc:  # Windows: no flock; etl's writers need Linux or macOS
             raise EtlError("etl needs fcntl file locks (Linux or macOS) to guard its output") from exc
         for _ in range(ATTEMPTS):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.path.parent)  # a link: refused
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -61,11 +72,7 @@ class FolderLock:
                     f"{self.path.parent} is being written by {_describe(self.path)}; wait for it "
                     "to finish or write somewhere else (one writer at a time)"
                 ) from None
-            try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
+            if _same_file(fd, self.path):
                 os.ftruncate(fd, 0)
                 os.write(fd, _holder().encode())
                 self._fd = fd
@@ -74,11 +81,13 @@ class FolderLock:
         raise EtlError(f"could not lock {self.path}: it keeps being replaced; is another etl running?")
 
     def release(self) -> None:
-        """Remove the file, then drop the lock (in that order: see the module docstring)."""
+        """Remove the file, then drop the lock (in that order: see the module docstring). A file
+        put in its place meanwhile (not the one locked) is left alone."""
         if self._fd is None:
             return
         try:
-            self.path.unlink(missing_ok=True)
+            if _same_file(self._fd, self.path):
+                self.path.unlink()
         finally:
             os.close(self._fd)
             self._fd = None

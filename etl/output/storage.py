@@ -49,10 +49,10 @@ import pyarrow.parquet as pq
 from etl import columns as c
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
-from etl.output.ownership import OutputWriter
 from etl.output.parts import listed_parts, listed_splits
 from etl.output.storage_backends import BACKENDS, META_FILE, OFFSETS, SEQUENCE
 from etl.output.storage_writer import domain_folder, write_domains
+from etl.output.writer import OutputWriter
 
 __all__ = [
     "domain_folder", "export_storage", "memmap_file", "read_bin", "read_meta", "write_bin", "write_h5",

@@ -18,7 +18,7 @@ from etl import columns as c
 from etl.errors import EtlError
 
 if TYPE_CHECKING:
-    from etl.output.ownership import OutputWriter
+    from etl.output.writer import OutputWriter
 
 META_FILE = "meta.json"
 SEQUENCE = "sequence"
@@ -35,6 +35,13 @@ DTYPES = {
 # 64 Ki elements = 512 KiB of int64 per h5 chunk: a few typical sequences, so a random read
 # decompresses little, while gzip still sees enough data to compress well.
 H5_CHUNK = 65_536
+
+
+def _drop(tmp: Path) -> None:
+    """Remove a temporary file of a failed export; a link in its place is the user's (the error
+    that stopped the export names it)."""
+    if not tmp.is_symlink():
+        tmp.unlink(missing_ok=True)
 
 
 def _shard_name(stem: str, k: int, n: int, ext: str) -> str:
@@ -80,7 +87,7 @@ class Backend(abc.ABC):
         """Remove the temporary files of a failed export (earlier finished files stay)."""
         for k in range(n):
             for stream in self.streams():
-                self.tmp(folder, k, stream).unlink(missing_ok=True)
+                _drop(self.tmp(folder, k, stream))
 
 
 class BinBackend(Backend):
@@ -163,7 +170,7 @@ class H5Backend(Backend):
 
     def abort(self, folder: Path, n: int) -> None:
         for k in range(n):
-            self.tmp(folder, k).unlink(missing_ok=True)
+            _drop(self.tmp(folder, k))
 
 
 BACKENDS: dict[str, type[Backend]] = {"bin": BinBackend, "h5": H5Backend}

@@ -24,6 +24,7 @@ from etl.output.ownership import RESERVED, tmp_of
 from etl.output.parts import open_part
 from etl.output.storage_backends import META_FILE, OFFSETS, SEQUENCE, Backend
 from etl.ragged import Ragged, from_arrow  # numpy/pyarrow only; no torch
+from etl.safe_paths import check_no_symlink
 from etl.ui.progress import rows_bar
 
 _UNSAFE = re.compile(r'[\x00-\x1f\x7f/\\%:*?"<>|]')
@@ -60,7 +61,8 @@ class DomainWriter:
     def __init__(self, folder: Path, *, backend: Backend, limit: int) -> None:
         self.folder, self.backend, self.limit = folder, backend, limit
         self.shards: list[Shard] = []
-        folder.mkdir(parents=True, exist_ok=True)
+        # `_val` or the domain folder a link: mkdir(parents=True) would create folders through it
+        check_no_symlink(folder, backend.output.root).mkdir(parents=True, exist_ok=True)
 
     def _open(self) -> None:
         self.shards.append(Shard())
@@ -115,7 +117,7 @@ class DomainWriter:
         meta = build_meta(head, self.shards, files, weights=self.backend.weights)
         path = self.backend.output.reserve(self.folder / META_FILE)
         tmp = tmp_of(path)
-        tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(meta, indent=2, allow_nan=False) + "\n", encoding="utf-8")
         os.replace(tmp, path)
         self.backend.output.add(path)
         return {

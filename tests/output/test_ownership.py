@@ -234,11 +234,11 @@ def test_export_claims_out_like_run_claims_dst(tmp_path: Path, clean: Path) -> N
 
 
 def test_a_run_killed_while_removing_the_old_output_is_recovered(tmp_path: Path, clean: Path, monkeypatch) -> None:
-    import etl.output.ownership
+    import etl.output.writer
 
     dst = tmp_path / "out"
     assert main(["run", str(EXAMPLES), str(dst), "--quiet", *SMALL_CHUNKS]) == 0
-    real, calls = etl.output.ownership._prune_empty, []
+    real, calls = etl.output.writer._prune_empty, []
 
     def killed(path: Path, root: Path) -> None:  # the process dies after a few deletions
         calls.append(path)
@@ -246,9 +246,9 @@ def test_a_run_killed_while_removing_the_old_output_is_recovered(tmp_path: Path,
             raise KeyboardInterrupt
         real(path, root)
 
-    monkeypatch.setattr(etl.output.ownership, "_prune_empty", killed)
+    monkeypatch.setattr(etl.output.writer, "_prune_empty", killed)
     assert main(["run", str(EXAMPLES), str(dst), "--quiet"]) == 130
-    monkeypatch.setattr(etl.output.ownership, "_prune_empty", real)
+    monkeypatch.setattr(etl.output.writer, "_prune_empty", real)
     assert not (dst / "_manifest.json").exists() and (dst / "_journal.jsonl").exists()
     assert main(["run", str(EXAMPLES), str(dst), "--quiet"]) == 0  # still etl's: taken over
     assert data_files(dst) == data_files(clean)
