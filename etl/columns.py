@@ -24,6 +24,11 @@ MANIFEST_FILE = "_manifest.json"
 # 2: the manifest's `files` lists every file written with rows, bytes and sha256 (1: data/turns
 # paths only); readers accept 2 and newer.
 MANIFEST_FORMAT_VERSION = 2
+# The run's identity (DESIGN §4): 16 hex digits the manifest records under RUN_ID and every part
+# carries in its Parquet key-value metadata (etl.output.parquet). A pack index part carries its
+# `etl pack`'s (`_packs.json`'s RUN_ID) and the run's whose data it indexes (DATA_RUN_ID).
+RUN_ID = "run_id"
+DATA_RUN_ID = "data_run_id"
 DATA_DIR = "data"
 TURNS_DIR = "turns"
 REJECTS_DIR = "_rejects"
@@ -35,13 +40,18 @@ JOURNAL_FILE = "_journal.jsonl"
 LOCK_FILE = "_lock"
 # Where `--engine ray` workers write parts before the driver renames them into place (etl.engine).
 STAGING_DIR = "_staging"
+# `--ray-timeout`: seconds `--engine ray` waits for the cluster at `--ray-address` to answer
+# (etl.engine.ray_connect). Joining a healthy one takes ~1-3 s; Ray's own retries run ~14 min.
+# 25 s, so that with start-up (importing ray and ray.data: 1.5-4 s) a run fails within 30 s.
+RAY_CONNECT_TIMEOUT_S = 25.0
 SPLITS = ("train", "val")
 # The dataset card `load_dataset(DST)` reads (YAML `configs`: which parts form which split), and
 # the Hugging Face name of each etl split folder.
 CARD_FILE = "README.md"
 HF_SPLITS = {"train": "train", "val": "validation"}
-# `etl pack` (DESIGN §6): the pack index DST/packs/<split>/part-*.parquet, its writer's record
-# `_packs.json`, and the manifest key that copies the record's per-split summary.
+# `etl pack` (DESIGN §6): the pack index DST/packs/<split>/part-*.parquet and its writer's record
+# `_packs.json`, the record every reader trusts; MANIFEST_PACKS is the manifest key holding a copy of
+# its per-split summary, derived from it after it is written (absent after a crash, never stale).
 PACKS_DIR = "packs"
 PACKS_FILE = "_packs.json"
 MANIFEST_PACKS = "packs"

@@ -1,10 +1,12 @@
 -- The pack index `etl pack` wrote, per split and strategy, read back from its Parquet parts:
 -- packs, examples (distinct rows with a piece), pieces, tokens, utilization = tokens / (packs *
--- seq_len), docs per pack (distinct examples in one pack: mean, min, max), and the examples a
--- whole-example packer clipped to seq_len (from _packs.json).
+-- seq_len), docs per pack (distinct examples in one pack: mean, min, max), and from _packs.json
+-- the examples a whole-example packer clipped to seq_len, the examples' tokens no pack holds
+-- (skipped_tokens: clipped tails, the tails stream skips) and stream_utilization = the share of
+-- the examples' tokens some pack holds (stream at a small S: utilization 1.0, most tokens skipped).
 -- No rows when DST has no pack index (`etl pack DST --strategy bfd` writes one).
 -- Parameters: $packs (pack index parts DST/packs/<split>/part-*.parquet), $packs_record (path of
--- _packs.json: strategy, seq_len and clipped per split).
+-- _packs.json: strategy, seq_len, clipped, skipped_tokens and stream_utilization per split).
 with record as (
     select content::json as j
     from read_text($packs_record)
@@ -15,7 +17,9 @@ settings as (
         e.key as split,
         e.value->>'$.strategy' as strategy,
         (e.value->>'$.seq_len')::bigint as seq_len,
-        (e.value->>'$.clipped')::bigint as clipped
+        (e.value->>'$.clipped')::bigint as clipped,
+        (e.value->>'$.skipped_tokens')::bigint as skipped_tokens,
+        round((e.value->>'$.stream_utilization')::double, 6) as stream_utilization
     from (
         select unnest(map_entries(json_transform(j->'$.splits', '"MAP(VARCHAR, JSON)"'))) as e
         from record
@@ -66,7 +70,9 @@ final as (
         p.mean_docs,
         p.min_docs,
         p.max_docs,
-        s.clipped
+        s.clipped,
+        s.skipped_tokens,
+        s.stream_utilization
     from per_split as p
     join settings as s on s.split = p.split
     join examples as x on x.split = p.split

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from etl.columns import PACK_STRATEGIES, PACK_TRUNCATIONS, PACKS_DIR
+from etl.columns import PACK_STRATEGIES, PACK_TRUNCATIONS, PACKS_DIR, PACKS_FILE
 
 NAME = "pack"
 HELP = "pack examples into rows of at most S tokens: the pack index DST/packs (seeds 001, 003)"
@@ -95,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"etl pack: warning: {split}: examples longer than {seq_len:,} tokens: {clipped:,}; "
                   f"they keep their {kept} {seq_len:,} (--truncation; or pack with a larger --seq-len, "
                   "or --strategy sequential to split them)", file=sys.stderr)
+        if (skipped := indexes[split].skipped_tokens) and args.strategy == "stream":
+            total = indexes[split].example_tokens
+            print(f"etl pack: warning: {split}: skipped {skipped:,} of {total:,} tokens ({skipped / total:.1%}): "
+                  f"no pack holds them (stream_utilization in {PACKS_FILE}); use a larger --seq-len",
+                  file=sys.stderr)
     started = time.perf_counter()
     write_pack_index(args.dst, indexes)
     write = (time.perf_counter() - started) / max(1, len(indexes))  # one writer for all splits

@@ -19,6 +19,7 @@ from typing import Any
 
 from etl.cache.folder import CacheSettings
 from etl.config.run_config import RunConfig
+from etl.engine.ray_connect import connect
 from etl.errors import EtlError
 
 # One actor per CPU of the cluster, each tokenizing with one Rust thread: the Python part of a
@@ -29,25 +30,6 @@ from etl.errors import EtlError
 THREADS_PER_ACTOR = 1
 CPUS_PER_ACTOR = 1
 ACTOR_CPUS = PARSE_CPUS = 0.5
-
-
-def _connect(address: str | None, *, quiet: bool = False) -> bool:
-    """Join the cluster at `address` (or RAY_ADDRESS), or start a local one; True if we started it.
-
-    `quiet` (--quiet): Ray's Python warnings too (its token-auth notice); a failure still reaches
-    the user as an exception. Ray's C++ core logs on its own (RAY_BACKEND_LOG_LEVEL; setting it
-    prints a line of its own).
-    """
-    import ray
-
-    if ray.is_initialized():
-        return False
-    try:
-        ray.init(address=address, logging_level=logging.ERROR if quiet else logging.WARNING)
-    except ConnectionError as exc:
-        raise EtlError(f"--engine ray: {exc}; check --ray-address / RAY_ADDRESS, that the cluster runs "
-                       "(`ray status`), and that this user's ~/.ray/auth_token is the cluster's") from exc
-    return True
 
 
 # Input bytes per hash partition of the dedup shuffles: ~24 B of (key, chunk) per ~500 B record,
@@ -61,7 +43,8 @@ def _cpus() -> int:
     return int(ray.cluster_resources().get("CPU", 1))
 
 
-def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int, cache: CacheSettings | None) -> Any:
+def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int, cache: CacheSettings | None,
+              identity: dict[str, str]) -> Any:
     """The Ray dataset of per-chunk results (`etl.engine.worker.RESULT_SCHEMA` rows)."""
     import ray
 
@@ -71,7 +54,7 @@ def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int, cache: 
 
     cfg = res.config
     actors = max(1, cpus // CPUS_PER_ACTOR)
-    size = sum(s.path.stat().st_size for s in sources if s.kind != "dir")
+    size = sum(s.size() for s in sources)
     partitions = max(2, cpus, size // INPUT_PER_PARTITION)
     raw = ray.data.read_datasource(
         ChunkSource(sources, chunk_bytes=cfg.chunk_bytes, max_items=cfg.max_items), num_cpus=0.5
@@ -89,7 +72,7 @@ def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int, cache: 
         parsed = parsed.repartition(target_num_rows_per_block=1)
     return parsed.map_batches(
         ChunkProcessor, fn_constructor_kwargs={"config": for_workers(cfg), "sources": sources, "staging": str(staging),
-                                               "threads": THREADS_PER_ACTOR, "cache": cache},
+                                               "identity": identity, "threads": THREADS_PER_ACTOR, "cache": cache},
         batch_size=1, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=ACTOR_CPUS,
     )
 
@@ -111,19 +94,21 @@ def worker_error(exc: Exception) -> EtlError:
                     "at the same absolute paths, with the same etl installed")
 
 
-def _finish(res: Any, sources: list[Any], results: list[dict[str, Any]], output: Any, staging: Path) -> dict[str, Any]:
+def _finish(res: Any, sources: list[Any], results: list[dict[str, Any]], output: Any, staging: Path, *,
+            run_id: str) -> dict[str, Any]:
     """Rename the workers' parts into place, then storage files, the card, the manifest last."""
     from etl.engine.commit import commit_parts, merge_cache_stats, merge_counts
     from etl.output.card import write_card
+    from etl.output.parquet import identity_keys
     from etl.pipeline.resources import manifest_for
 
     config = res.config
     counts = merge_counts(results)
     assert counts.add_up(), counts
-    commit_parts(output, staging, results)
+    commit_parts(output, staging, results, identity=identity_keys(run_id))
     res.encoder.stats.add(merge_cache_stats(results))  # the workers' cache counts, logged by close
     res.encoder.close()
-    manifest = manifest_for(res, sources, counts)
+    manifest = manifest_for(res, sources, counts, run_id=run_id)
     if config.storage_format != "parquet":
         from etl.output.storage import write_run_storage
 
@@ -138,11 +123,12 @@ def _finish(res: Any, sources: list[Any], results: list[dict[str, Any]], output:
 
 def run(
     src: str, dst: str, config: RunConfig, *, address: str | None = None, progress: bool = True,
-    timings: Counter[str] | None = None, cache: CacheSettings | None = None,
+    timings: Counter[str] | None = None, cache: CacheSettings | None = None, connect_timeout: float | None = None,
 ) -> dict[str, Any]:
     """Run the pipeline from SRC to DST on Ray; returns the manifest, as `etl.pipeline.run.run`.
 
-    Joins the cluster at `address` (else RAY_ADDRESS), or starts a local one for the run. DST must
+    Joins the cluster at `address` (else RAY_ADDRESS) within `connect_timeout` seconds (None: 30; an
+    error naming it after that), or starts a local one for the run. DST must
     be a path (or file:// URI) that every node sees at the same place (shared storage). `cache`:
     the token cache each worker reads and fills at that path on its own node (None: none).
     """
@@ -150,17 +136,18 @@ def run(
     from ray.data import DataContext
 
     from etl.engine.commit import merge_timings
-    from etl.output.ownership import OutputWriter
-    from etl.pipeline.resources import build_resources
+    from etl.output.parquet import identity_keys
+    from etl.output.writer import OutputWriter
+    from etl.pipeline.resources import build_resources, run_identity
     from etl.pipeline.run import prepare
 
     started = time.perf_counter()
-    out, sources, holds_inputs = prepare(src, dst, config)  # a URI SRC: workers open its files
+    out, sources, holds_inputs = prepare(src, dst, config, cache=cache)  # a URI SRC: workers open its files
     out = out.absolute()  # workers run elsewhere: they get absolute paths
     sources = [dataclasses.replace(s, path=s.path.absolute()) for s in sources]
     with ThreadPoolExecutor(max_workers=1) as pool:  # the tokenizer loads while Ray starts (~0.5 s)
         loading = pool.submit(build_resources, config, cache=cache)
-        owns_ray = _connect(address, quiet=not progress)
+        owns_ray = connect(address, timeout=connect_timeout, quiet=not progress)
     try:
         res = loading.result()
         DataContext.get_current().enable_progress_bars = progress
@@ -168,11 +155,13 @@ def run(
             logging.getLogger("ray.data").setLevel(logging.ERROR)
         with OutputWriter(out, kind="run", keep=holds_inputs) as output:
             staging = output.staging()
+            run_id = run_identity(res, sources)  # the local engine's: same inputs and config, same bytes
             try:
-                results = _pipeline(sources, res, staging, cpus=_cpus(), cache=cache).take_all()
+                results = _pipeline(sources, res, staging, cpus=_cpus(), cache=cache,
+                                    identity=identity_keys(run_id)).take_all()
             except ray.exceptions.RayError as exc:  # a worker's error, as one line (the journal cleans up)
                 raise worker_error(exc) from exc
-            manifest = _finish(res, sources, results, output, staging)
+            manifest = _finish(res, sources, results, output, staging, run_id=run_id)
     finally:
         if owns_ray:
             ray.shutdown()

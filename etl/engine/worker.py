@@ -52,8 +52,9 @@ class StagedParts:
     """`PartWriter`'s interface for one chunk: parts go to the staging folder under names the
     chunk gives; `entries` describes them (rows, bytes, sha256) for the driver."""
 
-    def __init__(self, staging: Path, file: int, chunk: int) -> None:
+    def __init__(self, staging: Path, file: int, chunk: int, *, identity: dict[str, str]) -> None:
         self.root = staging / f"{file:06d}-{chunk:06d}"
+        self.identity = identity  # the driver's run identity: every part carries it
         self.parts: Counter[str] = Counter()
         self.entries: list[dict[str, Any]] = []
 
@@ -63,7 +64,7 @@ class StagedParts:
     def write(self, folder: str, table: pa.Table) -> None:
         path = self.root / folder / f"part-{self.parts[folder]:03d}.parquet"
         self.parts[folder] += 1
-        write_part(table, path)
+        write_part(table, path, identity=self.identity)
         entry = describe_file(path, self.root.parent, rows=table.num_rows)
         self.entries.append({**entry, "folder": folder})
 
@@ -94,8 +95,8 @@ def counts_json(counts: Counts) -> str:
 class ChunkProcessor:
     """A Ray actor's state: the run's resources (tokenizer loaded once per actor)."""
 
-    def __init__(self, config: RunConfig, sources: list[Source], staging: str, *, threads: int = 1,
-                 cache: CacheSettings | None = None) -> None:
+    def __init__(self, config: RunConfig, sources: list[Source], staging: str, *, identity: dict[str, str],
+                 threads: int = 1, cache: CacheSettings | None = None) -> None:
         from etl.pipeline.resources import build_resources
         from etl.pipeline.startup import tune_malloc
 
@@ -105,6 +106,8 @@ class ChunkProcessor:
         tune_malloc()  # the local engine's memory bound on every worker too
         self.res = build_resources(config, cache=cache)  # the token cache of the worker's node
         self.sources, self.staging = sources, Path(staging)
+        # From the driver, not computed here: this config's tokenizer path is made absolute.
+        self.identity = identity
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         earlier = batch.column("earlier").to_pylist() if "earlier" in batch.column_names else None
@@ -115,7 +118,7 @@ class ChunkProcessor:
     def process(self, row: ChunkRow, earlier: np.ndarray | None) -> dict[str, Any]:
         """Process one chunk row as the local engine does; its counts, parts and timings."""
         source = self.sources[row.file]
-        parts = StagedParts(self.staging, row.file, row.chunk)
+        parts = StagedParts(self.staging, row.file, row.chunk, identity=self.identity)
         state = RunState(res=self.res, parts=parts)  # type: ignore[arg-type]  # PartWriter's interface
         before = self.res.encoder.flush()
         if earlier is not None:

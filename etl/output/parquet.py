@@ -7,6 +7,7 @@ which, with no timestamps in the files, is what makes two runs byte-identical.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,6 +21,14 @@ from etl.output.ownership import tmp_of
 # enough for a per-worker cache of a few groups and large enough that a shuffled batch of 32
 # costs few group reads.
 ROW_GROUP_SIZE = 1024
+
+# Key-value metadata of every part (DESIGN §4): the id of the run that wrote it, the manifest's
+# `run_id` (a pack index part: its `etl pack`'s, `_packs.json`'s), and on a pack index part the
+# run whose data it indexes. Readers compare them from the footer they read anyway (no extra read),
+# so a valid part of another run copied over one is refused even where no sha256 is compared.
+_PREFIX = "etl."
+RUN_ID_KEY = _PREFIX + c.RUN_ID
+DATA_RUN_ID_KEY = _PREFIX + c.DATA_RUN_ID
 
 DATA_SCHEMA = pa.schema(
     [
@@ -80,16 +89,34 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.table([table.column(f.name).cast(f.type) for f in schema], schema=schema)
 
 
-def write_part(table: pa.Table, path: Path, *, row_group_size: int = ROW_GROUP_SIZE) -> Path:
+def identity_keys(run_id: str, *, data_run_id: str | None = None) -> dict[str, str]:
+    """The key-value metadata `write_part` stamps on a part of run `run_id` (of a pack index
+    over run `data_run_id`'s data)."""
+    keys = {RUN_ID_KEY: run_id}
+    return keys if data_run_id is None else {**keys, DATA_RUN_ID_KEY: data_run_id}
+
+
+def part_identity(meta: pq.FileMetaData) -> dict[str, str]:
+    """The identity keys (`etl.*`) of a part's key-value metadata, from a footer already read."""
+    kv = meta.metadata or {}
+    prefix = _PREFIX.encode()
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in kv.items() if k.startswith(prefix)}
+
+
+def write_part(table: pa.Table, path: Path, *, identity: Mapping[str, str],
+               row_group_size: int = ROW_GROUP_SIZE) -> Path:
     """Write one part file atomically: temp name in the same folder, then rename.
 
     Pages carry CRC32 checksums (~0.1% of the write time), so readers that verify them (the
     loader, inspect, export) notice a part changed on disk after the manifest listed it.
+    `identity` (`identity_keys`) replaces the table's key-value metadata: the footer then names
+    the run that wrote it, ~40 bytes per part.
     """
+    assert identity and all(k.startswith(_PREFIX) for k in identity), identity
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_of(path)
     pq.write_table(
-        table,
+        table.replace_schema_metadata(dict(identity)),
         tmp,
         row_group_size=row_group_size,
         compression="zstd",

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
 
 from etl import columns as c
-from etl.output.ownership import OutputWriter
 from etl.output.parquet import write_part
+from etl.output.writer import OutputWriter
 
 
 class PartWriter:
@@ -23,8 +23,9 @@ class PartWriter:
     whichever chunk they came from.
     """
 
-    def __init__(self, output: OutputWriter) -> None:
+    def __init__(self, output: OutputWriter, *, identity: Mapping[str, str]) -> None:
         self.output = output
+        self.identity = dict(identity)  # stamped on every part (`etl.output.parquet.identity_keys`)
         self.parts: Counter[str] = Counter()
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
@@ -57,7 +58,7 @@ class PartWriter:
                 self._pending.clear()
 
     def _write_now(self, table: pa.Table, path: Path) -> None:
-        write_part(table, path)
+        write_part(table, path, identity=self.identity)
         self.output.add(path, rows=table.num_rows)
 
     def write(self, folder: str, table: pa.Table) -> None:
@@ -78,8 +79,8 @@ class StagedParts(PartWriter):
 
     STAGED = (c.DATA_DIR, c.TURNS_DIR)
 
-    def __init__(self, output: OutputWriter, staging: Path) -> None:
-        super().__init__(output)
+    def __init__(self, output: OutputWriter, staging: Path, *, identity: Mapping[str, str]) -> None:
+        super().__init__(output, identity=identity)
         self.staging = staging
         self.source = ""
 
@@ -93,7 +94,7 @@ class StagedParts(PartWriter):
 
     def _write_now(self, table: pa.Table, path: Path) -> None:
         if self.staging in path.parents:
-            write_part(table, path)
+            write_part(table, path, identity=self.identity)
         else:
             super()._write_now(table, path)
 

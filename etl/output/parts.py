@@ -4,7 +4,8 @@ Every reader of DST (stats, report, inspect, export, the loader) gets its files 
 part must exist with the bytes and row count the manifest recorded (a footer read per file,
 milliseconds), optionally its sha256 (a full read, ~1 s per GB); a part on disk that the manifest
 does not list is ignored with a warning. Content changed in place at the same size is caught by the
-Parquet page checksums that pyarrow readers verify (`open_part`).
+Parquet page checksums that pyarrow readers verify (`open_part`); a valid part of another run put in
+its place, by the run identity its footer carries (`check_part`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ import hashlib
 import json
 import os
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from etl.columns import DATA_DIR, MANIFEST_FORMAT_VERSION
+from etl.columns import DATA_DIR, MANIFEST_FORMAT_VERSION, RUN_ID
 from etl.errors import EtlError, EtlWarning
 from etl.output.manifest import read_manifest
+from etl.output.parquet import RUN_ID_KEY, identity_keys, part_identity
 
 RERUN = "rerun `etl run` to rewrite it"
 
@@ -35,26 +38,49 @@ def _entries(manifest: dict[str, Any], dst: Path) -> list[dict[str, Any]]:
     return files
 
 
-def _check(path: Path, entry: dict[str, Any], *, checksum: bool) -> None:
+def check_part(path: Path, entry: dict[str, Any], *, checksum: bool, identity: Mapping[str, str] | None,
+               record: str = "the manifest", fix: str = RERUN) -> None:
+    """Check one part against its record entry (bytes, rows, sha256) and its footer's identity.
+
+    The one check every reader of DST's parts runs, the pack index's too (`record` names the
+    record, `fix` the command that rewrites the part). `identity`: the `etl.output.parquet`
+    key-value pairs the part must carry (None: a record written before run identities, not
+    compared); they come from the footer that the row count reads anyway.
+
+    Raises:
+        EtlError: one line naming the part and `fix`.
+    """
     if not path.is_file():
-        raise EtlError(f"{path} is listed in the manifest but missing; {RERUN}")
+        raise EtlError(f"{path} is listed in {record} but missing; {fix}")
     size = path.stat().st_size
     if size != entry["bytes"]:
-        raise EtlError(f"{path} has {size:,} bytes, the manifest says {entry['bytes']:,}: it changed "
-                       f"after etl wrote it; {RERUN}")
+        raise EtlError(f"{path} has {size:,} bytes, {record} says {entry['bytes']:,}: it changed "
+                       f"after etl wrote it; {fix}")
     if entry.get("rows") is not None:
         try:
-            rows = pq.read_metadata(path).num_rows
+            meta = pq.read_metadata(path)
         except (OSError, ValueError) as exc:
-            raise EtlError(f"{path} is not a readable Parquet file ({exc}); {RERUN}") from exc
-        if rows != entry["rows"]:
-            raise EtlError(f"{path} has {rows:,} rows, the manifest says {entry['rows']:,}; {RERUN}")
+            raise EtlError(f"{path} is not a readable Parquet file ({exc}); {fix}") from exc
+        if meta.num_rows != entry["rows"]:
+            raise EtlError(f"{path} has {meta.num_rows:,} rows, {record} says {entry['rows']:,}; {fix}")
+        found = part_identity(meta)
+        if identity is not None and any(found.get(k) != v for k, v in identity.items()):
+            raise EtlError(f"{path} was written by another etl run ({found.get(RUN_ID_KEY) or 'no run id'}), "
+                           f"not the one {record} records ({identity[RUN_ID_KEY]}): it was replaced after "
+                           f"etl wrote it; {fix}")
     if checksum:
         with open(path, "rb") as f:
             digest = hashlib.file_digest(f, "sha256").hexdigest()
         if digest != entry["sha256"]:
-            raise EtlError(f"{path} does not match its sha256 in the manifest: it changed after "
-                           f"etl wrote it; {RERUN}")
+            raise EtlError(f"{path} does not match its sha256 in {record}: it changed after "
+                           f"etl wrote it; {fix}")
+
+
+def run_identity_of(manifest: dict[str, Any]) -> dict[str, str] | None:
+    """The key-value pairs every part of this run carries; None for a manifest written before run
+    identities (format_version 2 without `run_id`), whose parts are checked as before."""
+    run_id = manifest.get(RUN_ID)
+    return identity_keys(run_id) if isinstance(run_id, str) else None
 
 
 def listed_parts(
@@ -85,8 +111,9 @@ def listed_parts(
               if e["path"].startswith(prefix) and "/" not in e["path"][len(prefix):]
               and e["path"].endswith(".parquet")]
     chosen.sort(key=lambda e: e["path"])
+    identity = run_identity_of(manifest)
     for entry in chosen:
-        _check(root / entry["path"], entry, checksum=checksum)
+        check_part(root / entry["path"], entry, checksum=checksum, identity=identity)
     listed = {e["path"] for e in chosen}
     extra = sorted(p.relative_to(root).as_posix() for p in (root / folder).glob("*.parquet"))
     extra = [p for p in extra if p not in listed]

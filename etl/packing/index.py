@@ -21,7 +21,7 @@ from etl import columns as c
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
 from etl.output.parts import fingerprint, listed_parts, listed_splits, open_part
-from etl.packing.pieces import Packing, keep_end
+from etl.packing.pieces import Packing, held_tokens, keep_end
 
 # Strategies that cut an example longer than S into pieces of several packs (no token lost);
 # the others place whole examples, so a longer one is clipped to S first (`truncation`).
@@ -55,6 +55,9 @@ class PackIndex:
         ids: (P,) example id of each piece (object array), or None when not read.
         clipped: examples longer than S that a whole-example packer clipped to S tokens.
         truncation: which S tokens a clipped example keeps: ``right`` the first, ``left`` the last.
+        example_tokens: tokens of the split's examples (the stream a packer is fed).
+        skipped_tokens: of those, the ones no pack holds (a clipped example's cut tokens, the tails
+            seed 001's stream skips); the repeats stream injects do not make up for them.
     """
 
     packing: Packing
@@ -66,10 +69,15 @@ class PackIndex:
     ids: np.ndarray | None = None
     clipped: int = 0
     truncation: str = "right"
+    example_tokens: int = 0
+    skipped_tokens: int = 0
 
     def summary(self) -> dict[str, Any]:
-        """What `_packs.json` and the manifest record per split (JSON-able)."""
+        """What `_packs.json` records per split (JSON-able). `utilization` is how full the packs
+        are; `stream_utilization` how much of the examples' tokens (the stream) they hold, once
+        each: at a small S stream fills its packs (1.0) while it skips most tokens."""
         p = self.packing
+        total = self.example_tokens
         # Distinct examples with a piece: every example of the split, for every packer here.
         examples = int(np.count_nonzero(np.bincount(p.doc))) if len(p) else 0
         return {
@@ -84,6 +92,9 @@ class PackIndex:
             "num_tokens": int(p.length.sum()),
             "clipped": self.clipped,
             "utilization": p.utilization(self.seq_len),
+            "example_tokens": self.example_tokens,
+            "skipped_tokens": self.skipped_tokens,
+            "stream_utilization": (total - self.skipped_tokens) / total if total else 0.0,
             "fingerprint": self.fingerprint,
         }
 
@@ -156,9 +167,11 @@ def build_pack_index(
         packing = keep_end(packing, lengths)
     _check(packing, lengths, seq_len)
     ids = table.column(c.ID).take(pa.array(packing.doc)).to_numpy(zero_copy_only=False)
+    total = int(lengths.sum())
     return PackIndex(packing=packing, strategy=strategy, seq_len=int(seq_len), seed=int(seed),
                      options=options, fingerprint=fingerprint(parts, dst, manifest), ids=ids,
-                     clipped=clipped, truncation=truncation)
+                     clipped=clipped, truncation=truncation, example_tokens=total,
+                     skipped_tokens=total - held_tokens(packing, lengths))
 
 
 def stream_turns(dst: str | os.PathLike[str], split: str, manifest: dict[str, Any], ids: Any) -> Any:

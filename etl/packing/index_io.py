@@ -1,14 +1,18 @@
 """Write and read `DST/packs/<split>/part-*.parquet`, the pack index, under etl's writer protocol.
 
-`etl pack` is an `OutputWriter` of kind "pack": it replaces only the previous pack index, records
-what it wrote in `_packs.json` (per split: strategy, S, seed, options, counts, utilization and the
-fingerprint of the data it was built from) and copies that summary into the run manifest's
-`packs` key. A new `etl run` removes both. Readers trust an index only while its fingerprint
-matches the split's data parts.
+`etl pack` is an `OutputWriter` of kind "pack": it replaces only the previous pack index and records
+what it wrote in `_packs.json` (its identity and the data run's, per split: strategy, S, seed,
+options, counts, utilization and the fingerprint of the data it was built from): the one record
+readers trust. The run manifest's `packs` key is a copy derived from it, removed before the old
+index and written after the record, so a crash leaves it absent, never stale. A new `etl run`
+removes both. Every reader gets the index's parts from `pack_files`, which trusts them only while
+the fingerprint matches the split's data parts and each part matches the record (bytes, rows,
+identity, sha256).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -16,14 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from etl import __version__
 from etl import columns as c
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
-from etl.output.ownership import OutputWriter, record_paths
+from etl.output.ownership import record_paths
+from etl.output.parquet import identity_keys
 from etl.output.part_writer import PartWriter
-from etl.output.parts import fingerprint, open_part
+from etl.output.parts import check_part, fingerprint, open_part
+from etl.output.writer import OutputWriter
 from etl.packing.index import PACKS_SCHEMA, PackIndex, index_packing, index_table, split_parts
 
 PACKS_FORMAT_VERSION = 1
@@ -36,9 +42,9 @@ REPACK = "rerun `etl pack`"
 def write_pack_index(dst: str | os.PathLike[str], indexes: Mapping[str, PackIndex]) -> dict[str, Any]:
     """Replace DST's pack index with `indexes` (split -> index); returns the `_packs.json` record.
 
-    Holds DST's lock throughout: the previous index goes first, then each split's parts, the
-    record and the manifest's `packs` summary. An index built from data that changed since
-    (another `etl run` meanwhile) is refused.
+    Holds DST's lock throughout: the previous index goes first, then each split's parts (each
+    carrying the pack's identity and the data run's), the record last. An index built from data
+    that changed since (another `etl run` meanwhile) is refused.
 
     Raises:
         EtlError: DST is not a finished `etl run` output, an index is stale, or a file of the
@@ -47,23 +53,39 @@ def write_pack_index(dst: str | os.PathLike[str], indexes: Mapping[str, PackInde
     root = Path(dst)
     read_manifest(root)  # not an etl run output: one clear line, nothing touched
     with OutputWriter(root, kind="pack") as output:
-        output.amend("run", c.MANIFEST_PACKS, None)  # its index is gone: so is its summary
+        output.amend("run", c.MANIFEST_PACKS, None)  # its index is gone: so is its copy
         manifest = read_manifest(root)
         for split, index in indexes.items():
             current = fingerprint(split_parts(root, split, manifest), root, manifest)
             if current != index.fingerprint:
                 raise EtlError(f"the data of split {split!r} in {root} changed while it was packed; {REPACK}")
-        parts = PartWriter(output)
+        data_run_id = manifest.get(c.RUN_ID)
+        run_id = pack_identity(indexes, data_run_id)
+        parts = PartWriter(output, identity=identity_keys(run_id, data_run_id=data_run_id))
         summaries = {}
         for split in sorted(indexes):
             table = index_table(indexes[split])
             for start in range(0, table.num_rows, PACKS_PER_PART):
                 parts.write(f"{c.PACKS_DIR}/{split}", table.slice(start, PACKS_PER_PART))
             summaries[split] = indexes[split].summary()
-        record = {"format_version": PACKS_FORMAT_VERSION, "splits": summaries}
+        record = {"format_version": PACKS_FORMAT_VERSION, c.RUN_ID: run_id, c.DATA_RUN_ID: data_run_id,
+                  "splits": summaries}
         output.commit(record)
+        # A copy for whoever reads the manifest (DESIGN §6), derived from the record and written
+        # after it: a crash between leaves it absent, never disagreeing; no reader reads it.
         output.amend("run", c.MANIFEST_PACKS, summaries)
     return {**record, "files": output.files()}
+
+
+def pack_identity(indexes: Mapping[str, PackIndex], data_run_id: str | None) -> str:
+    """The identity of an `etl pack` (DESIGN §4): 16 hex digits of a sha256 over its inputs and
+    options (the data run's identity, per split the fingerprint of the data, strategy, S, seed,
+    options and truncation), so packing the same data the same way again writes the same bytes."""
+    body = {split: {"fingerprint": i.fingerprint, "strategy": i.strategy, "seq_len": i.seq_len, "seed": i.seed,
+                    "options": i.options, "truncation": i.truncation} for split, i in indexes.items()}
+    text = json.dumps({"etl_version": __version__, "format_version": PACKS_FORMAT_VERSION,
+                       c.DATA_RUN_ID: data_run_id, "splits": body}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def read_record(dst: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -89,7 +111,11 @@ def read_record(dst: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 def pack_files(dst: str | os.PathLike[str], split: str, record: dict[str, Any],
                manifest: dict[str, Any]) -> list[Path]:
-    """The index parts of `split` the record lists, checked, after checking its fingerprint.
+    """The index parts of `split` the record lists, checked, after checking its fingerprint: the
+    one check of every reader of the index (the loader, `etl inspect --pack`, `etl stats`).
+
+    Each part is checked as the run's parts are (`check_part`), sha256 included: DuckDB verifies
+    no page checksum, and the index is small (~20 MB per 1M examples, ~20 ms to hash).
 
     Raises:
         EtlError: the split's data changed since it was packed (stale index), or a part is
@@ -98,7 +124,7 @@ def pack_files(dst: str | os.PathLike[str], split: str, record: dict[str, Any],
     root = Path(dst)
     summary = record["splits"][split]
     current = fingerprint(split_parts(root, split, manifest), root, manifest)
-    if current != summary.get("fingerprint"):
+    if current != summary.get("fingerprint") or record.get(c.DATA_RUN_ID) != manifest.get(c.RUN_ID):
         raise EtlError(
             f"the pack index of split {split!r} in {root} was built from other data than "
             f"{c.DATA_DIR}/{split} holds now; {REPACK} {root} --strategy {summary.get('strategy')} "
@@ -107,12 +133,11 @@ def pack_files(dst: str | os.PathLike[str], split: str, record: dict[str, Any],
     prefix = f"{c.PACKS_DIR}/{split}/"
     listed = sorted(p for p in record_paths(record) if p.startswith(prefix) and p.endswith(".parquet"))
     entries = {e["path"]: e for e in record.get("files", []) if isinstance(e, dict)}
+    run_id, data_run_id = record.get(c.RUN_ID), record.get(c.DATA_RUN_ID)
+    # A record of an etl before pack identities has none: its parts are checked without.
+    identity = identity_keys(run_id, data_run_id=data_run_id) if isinstance(run_id, str) else None
     for rel in listed:
-        path, entry = root / rel, entries[rel]
-        if not path.is_file() or path.stat().st_size != entry.get("bytes"):
-            raise EtlError(f"{path} is missing or changed since `etl pack` wrote it; {REPACK}")
-        if pq.read_metadata(path).num_rows != entry.get("rows"):
-            raise EtlError(f"{path} has other rows than `etl pack` wrote; {REPACK}")
+        check_part(root / rel, entries[rel], checksum=True, identity=identity, record=c.PACKS_FILE, fix=REPACK)
     return [root / rel for rel in listed]
 
 
@@ -149,4 +174,6 @@ def read_pack_index(dst: str | os.PathLike[str], split: str, *, ids: bool = True
         ids=piece_ids,
         clipped=int(summary.get("clipped", 0)),
         truncation=summary.get("truncation", "right"),
+        example_tokens=int(summary.get("example_tokens", 0)),
+        skipped_tokens=int(summary.get("skipped_tokens", 0)),
     )

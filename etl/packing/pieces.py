@@ -102,6 +102,21 @@ class Packing:
         )
 
 
+def held_tokens(packing: Packing, lengths: np.ndarray) -> int:
+    """Tokens of the examples that some piece holds, each counted once: seed 001's stream repeats
+    system spans and user headers as extra pieces, and skips tails; a clipped example's cut tokens
+    are in no piece. The union of the pieces' ranges laid out as one stream: one argsort of the
+    pieces (~0.1 s per 1M) and a running max, no loop per piece."""
+    if len(packing) == 0:
+        return 0
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    lo = offsets[packing.doc] + packing.start
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], (lo + packing.length)[order]
+    reach = np.concatenate([[lo[0]], np.maximum.accumulate(hi)[:-1]])  # covered so far, before piece j
+    return int(np.maximum(hi - np.maximum(lo, reach), 0).sum())
+
+
 def keep_end(packing: Packing, lengths: np.ndarray) -> Packing:
     """Left truncation of whole examples clipped to S: each piece keeps its example's last
     tokens (starts at ``len - length``) instead of its first; unclipped pieces start at 0."""

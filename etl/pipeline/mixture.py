@@ -27,8 +27,9 @@ from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 from etl.ingest.discover import Source
 from etl.ingest.prefetch import Prefetch
-from etl.output.ownership import OutputWriter
+from etl.output.parquet import identity_keys
 from etl.output.part_writer import PartWriter, StagedParts
+from etl.output.writer import OutputWriter
 from etl.pipeline.accounting import Counts, Timings
 from etl.pipeline.run import (
     Item,
@@ -40,6 +41,7 @@ from etl.pipeline.run import (
     write_empty_rejects,
 )
 from etl.pipeline.startup import tune_malloc
+from etl.safe_paths import check_no_symlink
 
 if TYPE_CHECKING:
     from etl.cache.folder import CacheSettings
@@ -54,7 +56,7 @@ def run_mixture(
     mix = config.mixture
     assert mix is not None
     _check_schemas(mix)
-    out, found, holds_inputs = prepare_all([s.path for s in mix.sources], dst, config)
+    out, found, holds_inputs = prepare_all([s.path for s in mix.sources], dst, config, cache=cache)
     files = [[dataclasses.replace(f, name=f"{s.name}/{f.name}") for f in fs] for s, fs in zip(mix.sources, found,
                                                                                                strict=True)]
     started = time.perf_counter()
@@ -66,17 +68,22 @@ def run_mixture(
                                kept=kept)
     from etl.pipeline.chunk import RunState  # Polars: imported while the first chunk parses
     from etl.pipeline.mix_write import mix_sources
+    from etl.pipeline.resources import run_identity
 
+    inputs = [f for fs in files for f in fs]
+    run_id = run_identity(res, inputs)  # every part carries it, the staged ones too
+    identity = identity_keys(run_id)
     with res.encoder, OutputWriter(out, kind="run", keep=holds_inputs) as output:
-        staged = StagedParts(output, output.staging())
+        staged = StagedParts(output, output.staging(), identity=identity)
         state = RunState(res=res, parts=staged, timings=run_timings)
         before = [_tokenize(s, fs, state, parsing, first if i == 0 else None, kept, progress=progress)
                   for i, (s, fs) in enumerate(zip(mix.sources, files, strict=True))]
         with run_timings.timed("mix"):
-            summary, counts = mix_sources(mix, staged, before, res.con, PartWriter(output))
+            summary, counts = mix_sources(mix, staged, before, res.con, PartWriter(output, identity=identity))
         write_empty_rejects(staged)
-        shutil.rmtree(staged.staging)  # journaled: a crash before this leaves it for the next run to remove
-        manifest = finish(res, [f for fs in files for f in fs], counts, output, config, kept, mixture=summary)
+        # journaled: a crash before this leaves it for the next run to remove
+        shutil.rmtree(check_no_symlink(staged.staging, output.root))
+        manifest = finish(res, inputs, counts, output, config, kept, run_id=run_id, mixture=summary)
     if timings is not None:
         timings.update(run_timings)
         timings["total"] = time.perf_counter() - started

@@ -4,6 +4,8 @@ config, tokenizer, template ids, BOS/EOS and default-system ids, a DuckDB connec
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,8 +144,20 @@ def resources_for(res: Resources, config: RunConfig) -> Resources:
     return dataclasses.replace(res, config=config, system_ids=_system_ids(res.tokenizer, config))
 
 
-def manifest_for(res: Resources, sources: list[Source], counts: Counts) -> dict[str, Any]:
-    """The run's manifest, less `files` (the output writer adds them when it commits)."""
+def run_identity(res: Resources, sources: list[Source]) -> str:
+    """The run's identity (DESIGN §4), known before its first part is written: 16 hex digits of a
+    sha256 over what fixes its output (etl's version, the config, the tokenizer's sha256, the
+    template and ids, each input's name and size). A rerun of the same input and config gets the
+    same one, so its parts stay byte-identical; the counts and the token cache are left out (a
+    cached rerun writes the same bytes). Costs a stat per input, as the progress bar's total does.
+    """
+    sizes = [s.size() for s in sources]
+    body = json.dumps({**_settings(res, sources), "input_bytes": sizes}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def _settings(res: Resources, sources: list[Source]) -> dict[str, Any]:
+    """The manifest's keys that the run's inputs and config fix before it reads a record."""
     tok = res.tokenizer
     return {
         "format_version": c.MANIFEST_FORMAT_VERSION,
@@ -164,6 +178,15 @@ def manifest_for(res: Resources, sources: list[Source], counts: Counts) -> dict[
         "bos_ids": res.bos,
         "eos_ids": res.eos,
         "default_system_ids": res.system_ids,
+    }
+
+
+def manifest_for(res: Resources, sources: list[Source], counts: Counts, *, run_id: str) -> dict[str, Any]:
+    """The run's manifest, less `files` (the output writer adds them when it commits); `run_id`:
+    `run_identity`, as the run computed it before writing its first part."""
+    return {
+        **_settings(res, sources),
+        c.RUN_ID: run_id,
         "counts": counts.to_json(),
         "incomplete_inputs": counts.incomplete,
         # Where the run's ids came from: the one entry that differs between a run and its rerun.

@@ -22,6 +22,7 @@ import duckdb
 import pyarrow as pa
 
 from etl import columns as c
+from etl.cache.apart import check_apart
 from etl.cache.parsed import ParsedChunks, open_parsed
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
@@ -30,9 +31,10 @@ from etl.ingest.discover import Source, UnreadableFile, discover, is_uri, source
 from etl.ingest.prefetch import Prefetch
 from etl.ingest.reader import read_chunks, run_first_bytes
 from etl.output.card import write_card
-from etl.output.ownership import OutputWriter, check_inputs, check_target
-from etl.output.parquet import REJECTS_SCHEMA
+from etl.output.ownership import check_inputs, check_target
+from etl.output.parquet import REJECTS_SCHEMA, identity_keys
 from etl.output.part_writer import PartWriter
+from etl.output.writer import OutputWriter
 from etl.pipeline.accounting import Counts, Timings
 from etl.pipeline.startup import (
     STARTUP,
@@ -135,12 +137,12 @@ def process(sources: list[Source], parsed: Prefetch[Item], state: RunState, *, p
     """Every chunk of every input through the pipeline, with the write thread and the bar."""
     from etl.pipeline.chunk import process_chunk, reject_file
 
-    total_bytes = sum(s.path.stat().st_size for s in sources if s.kind != "dir")
+    total_bytes = sum(s.size() for s in sources)
     counts, parts = state.counts, state.parts
     with parts.background(), Progress(total_bytes=total_bytes, enabled=progress) as bar:
         for source, item, position in parsed:
             if item is None:
-                bar.file_done(source.path.stat().st_size if source.kind != "dir" else 0)
+                bar.file_done(source.size())
             elif isinstance(item, UnreadableFile):
                 reject_file(source, item, counts, parts)
             else:
@@ -164,15 +166,15 @@ def _resources(config: RunConfig, **early: Any) -> Resources:
 
 
 def finish(res: Resources, sources: list[Source], counts: Counts, output: OutputWriter,
-           config: RunConfig, kept: ParsedChunks | None = None, **extra: Any) -> dict[str, Any]:
+           config: RunConfig, kept: ParsedChunks | None = None, *, run_id: str, **extra: Any) -> dict[str, Any]:
     """Storage files, the dataset card, and the manifest last (the run is finished only then);
-    `kept`: the parsed chunks the token cache served or took; `extra`: more top-level keys of the
-    manifest (a mixture's)."""
+    `kept`: the parsed chunks the token cache served or took; `run_id`: the identity its parts
+    carry; `extra`: more top-level keys of the manifest (a mixture's)."""
     from etl.pipeline.resources import manifest_for
 
     assert counts.add_up(), counts
     res.encoder.close()  # the token cache's new segments, before the manifest that counts them
-    manifest = {**manifest_for(res, sources, counts), **extra}
+    manifest = {**manifest_for(res, sources, counts, run_id=run_id), **extra}
     if kept is not None and "token_cache" in manifest:
         manifest["token_cache"]["parsed_chunks"] = kept.summary()
     if config.storage_format != "parquet":  # seed 004's bin/h5 next to the Parquet; numpy-only
@@ -199,21 +201,25 @@ def _target(dst: str) -> Path:
     return out
 
 
-def prepare(src: str, dst: str, config: RunConfig) -> tuple[Path, list[Source], list[Path]]:
-    """What both engines check before any work: DST's folder, SRC's input files, the entries of
-    DST that hold them (`_inputs`), DST writable by etl, and h5py when h5 storage is asked for.
+def prepare(src: str, dst: str, config: RunConfig, *, cache: CacheSettings | None = None,
+            ) -> tuple[Path, list[Source], list[Path]]:
+    """What both engines check before any work: DST's folder, the token cache apart from SRC and
+    DST, SRC's input files, the entries of DST that hold them (`_inputs`), DST writable by etl,
+    and h5py when h5 storage is asked for.
 
     Raises:
         EtlError: in milliseconds, before the tokenizer loads or Ray starts.
     """
-    out, (sources,), holds_inputs = prepare_all([src], dst, config)
+    out, (sources,), holds_inputs = prepare_all([src], dst, config, cache=cache)
     return out, sources, holds_inputs
 
 
-def prepare_all(srcs: list[str], dst: str, config: RunConfig) -> tuple[Path, list[list[Source]], list[Path]]:
+def prepare_all(srcs: list[str], dst: str, config: RunConfig, *, cache: CacheSettings | None = None,
+                ) -> tuple[Path, list[list[Source]], list[Path]]:
     """`prepare` for several SRCs (a mixture's sources): the input files of each."""
     out = _target(dst)
     found = [_inputs(src, out, storage=config.storage_format != "parquet") for src in srcs]
+    check_apart(cache, srcs, out, tokenizer=config.tokenizer)  # before the cache or DST is made (issue 26)
     holds_inputs = [path for _, holds in found for path in holds]
     check_target(out, keep=holds_inputs)
     if config.storage_format == "h5":  # a missing h5py fails now, not after tokenizing it all
@@ -266,7 +272,7 @@ def run(
     must be byte-identical across runs). `cache`: the token cache (None: none; `etl run` passes
     its flags' and environment's, `CacheSettings.resolve`).
     """
-    out, sources, holds_inputs = prepare(src, dst, config)
+    out, sources, holds_inputs = prepare(src, dst, config, cache=cache)
     started = time.perf_counter()
     tune_malloc()
     run_timings = Timings()
@@ -275,11 +281,13 @@ def run(
     first, res = start_parsing(config, sources, run_timings, parsing, cache=cache, kept=kept)
     with res.encoder, first as parsed, OutputWriter(out, kind="run", keep=holds_inputs) as output:
         from etl.pipeline.chunk import RunState
+        from etl.pipeline.resources import run_identity
 
-        state = RunState(res=res, parts=PartWriter(output), timings=run_timings)
+        run_id = run_identity(res, sources)  # every part carries it; the manifest records it
+        state = RunState(res=res, parts=PartWriter(output, identity=identity_keys(run_id)), timings=run_timings)
         process(sources, parsed, state, progress=progress)
         write_empty_rejects(state.parts)
-        manifest = finish(res, sources, state.counts, output, config, kept)
+        manifest = finish(res, sources, state.counts, output, config, kept, run_id=run_id)
     if timings is not None:
         timings.update(state.timings)
         timings["total"] = time.perf_counter() - started

@@ -248,14 +248,21 @@ def test_packs(any_dst: Path, tmp_path: Path, strategy: str, seq_len: int) -> No
         p = index.packing
         docs = [len(set(p.doc[p.pack == k].tolist())) for k in range(p.num_packs)]
         tokens = int(p.length.sum())
+        n = lengths[split]
+        held = [np.zeros(k, dtype=bool) for k in n]  # token by token: which a piece holds
+        for doc, start, length in zip(p.doc, p.start, p.length, strict=True):
+            held[doc][start:start + length] = True
+        skipped = int(sum((~h).sum() for h in held))
         assert row == {
             "split": split, "strategy": strategy, "seq_len": seq_len, "packs": p.num_packs,
             "examples": len(set(p.doc.tolist())), "pieces": len(p), "tokens": tokens,
             "utilization": round(tokens / (p.num_packs * seq_len), 6),
             "mean_docs": round(sum(docs) / len(docs), 2), "min_docs": min(docs), "max_docs": max(docs),
-            "clipped": index.clipped,
+            "clipped": index.clipped, "skipped_tokens": skipped,
+            "stream_utilization": round(1 - skipped / int(n.sum()), 6),
         }
         assert row["examples"] == len(lengths[split])
-        n = lengths[split]
+        if strategy != "stream":  # bfd loses the clipped tails, sequential nothing
+            assert skipped == (int(np.maximum(n - seq_len, 0).sum()) if strategy == "bfd" else 0)
         if strategy != "stream":  # stream adds injected pieces and may skip a dangling tail
             assert tokens == int(np.minimum(n, seq_len).sum() if strategy == "bfd" else n.sum())

@@ -119,7 +119,7 @@ def test_repack_replaces_the_previous_index_exactly(dst: Path, capsys: pytest.Ca
     record = json.loads((dst / c.PACKS_FILE).read_text())
     assert packs_of(dst) == {f["path"] for f in record["files"]} == {"packs/train/part-00000.parquet"}
     assert set(record["splits"]) == {"train"} and record["splits"]["train"]["strategy"] == "sequential"
-    assert read_manifest(dst)[c.MANIFEST_PACKS] == record["splits"]
+    assert read_manifest(dst)[c.MANIFEST_PACKS] == record["splits"]  # a copy of `_packs.json`'s
     assert not (dst / c.JOURNAL_FILE).exists() and not (dst / c.LOCK_FILE).exists()
     assert {k: v for k, v in snapshot(dst).items() if k.startswith(("data/", "turns/"))} == data
     capsys.readouterr()
@@ -152,7 +152,7 @@ def test_a_rerun_removes_the_index_and_the_manifest_key(dst: Path) -> None:
     notes = dst / "packs" / "notes.txt"
     notes.write_text("mine")
     # The manifest gained a key; the data it lists, and so the loader's fingerprint, did not change.
-    assert c.MANIFEST_PACKS in read_manifest(dst)
+    assert c.MANIFEST_PACKS in read_manifest(dst) and (dst / c.PACKS_FILE).is_file()
     assert loader.ParquetDataset(dst, split="train").fingerprint == before
     raw = dst.parent / "raw" / "chats.jsonl"
     assert main(["run", str(raw), str(dst), "--config", str(dst.parent / "cfg.json"), "--seq-len", "256",

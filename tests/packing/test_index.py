@@ -141,7 +141,7 @@ def test_written_index_reads_back_exactly_and_lands_in_the_manifest(fresh: Path)
         assert np.bincount(back.packing.pack).max() <= 3
         rows_only = read_pack_index(dst, split, ids=False)
         assert rows_only is not None and rows_only.ids is None
-    assert read_manifest(dst)[c.MANIFEST_PACKS] == record["splits"]
+    assert read_manifest(dst)[c.MANIFEST_PACKS] == record["splits"]  # a copy of `_packs.json`'s
     assert json.loads((dst / c.PACKS_FILE).read_text())["files"] == record["files"]
     assert {f["path"] for f in record["files"]} == {"packs/train/part-00000.parquet", "packs/val/part-00000.parquet"}
     assert pq.read_schema(dst / record["files"][0]["path"]).remove_metadata() == PACKS_SCHEMA

@@ -1,0 +1,169 @@
+"""Join the Ray cluster at `--ray-address` (or RAY_ADDRESS) within a deadline, or start a local one.
+
+`ray.init` to an address no Ray cluster answers retries for ~14 minutes (Ray 2.60: 20 tries of
+~41 s: 5 s to connect, 5 s to the pubsub, 30 s for the cluster id), inside C++ calls that hold off
+Ctrl-C. So a plain TCP connect comes first (nothing listening fails in milliseconds, with no Ray
+warnings), then `ray.init` runs on a daemon thread that the driver waits for with a deadline: the
+wait is Python's, so Ctrl-C ends it at once, and an attempt past the deadline dies with the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from etl.columns import RAY_CONNECT_TIMEOUT_S
+from etl.errors import EtlError
+
+POLL_S = 0.1  # how soon Ctrl-C ends the wait (see _Attempt.wait)
+_SIGTERM_NOTE = "SIGTERM handler is not set"  # Ray's warning when ray.init runs off the main thread
+
+
+def check_timeout(timeout: float) -> None:
+    """Refuse a --ray-timeout that is not a positive finite number of seconds."""
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise EtlError(f"--ray-timeout is {timeout:g}; pass a positive number of seconds "
+                       f"(default {RAY_CONNECT_TIMEOUT_S:g})")
+
+
+def connect(address: str | None, *, timeout: float | None = None, quiet: bool = False) -> bool:
+    """Join the cluster at `address` (else RAY_ADDRESS) within `timeout` seconds (None: the default,
+    30), or start a local one (no deadline: Ray's start waits in Python, so Ctrl-C works); True if
+    we started it.
+
+    `quiet` (--quiet): Ray's Python warnings too (its token-auth notice); a failure still reaches
+    the user as an exception. Ray's C++ core logs on its own (RAY_BACKEND_LOG_LEVEL; setting it
+    prints a line of its own).
+
+    Raises:
+        EtlError: one line naming the address and what to do, when no cluster answered in time.
+    """
+    import ray
+
+    timeout = RAY_CONNECT_TIMEOUT_S if timeout is None else timeout
+    check_timeout(timeout)
+    if ray.is_initialized():
+        return False
+    level = logging.ERROR if quiet else logging.WARNING
+    target = address or os.environ.get("RAY_ADDRESS") or None
+    if target in (None, "local"):
+        _init(address, level)
+        return True
+    source = "--ray-address" if address else "RAY_ADDRESS"
+    where, advice = f"{target} ({source})", _advice(source)
+    if threading.current_thread() is threading.main_thread():
+        # What ray.init does on the main thread: SIGTERM exits through atexit's ray.shutdown.
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(signum))
+    logging.getLogger("ray._private.worker").addFilter(_drop_sigterm_note)
+    attempt = _Attempt(lambda: _probe(target, where, advice, timeout=timeout),
+                       lambda: _init(address, level, where, advice))
+    if attempt.wait(timeout):
+        return True
+    stage = ("accepts connections but no Ray cluster answered" if attempt.reached.is_set()
+             else "did not answer (a host that is down, or a firewall that drops the connection)")
+    raise EtlError(f"--engine ray: {where} {stage} within {timeout:g} s; {advice}, or raise --ray-timeout")
+
+
+def _advice(source: str) -> str:
+    drop = "drop --ray-address" if source == "--ray-address" else "unset RAY_ADDRESS"
+    return (f"start one there (`ray start --head --port PORT` prints the address to pass), {drop} to run "
+            "on a local Ray")
+
+
+def _host_port(target: str) -> tuple[str, int] | None:
+    """(host, port) of `host:port`, `[v6]:port` or `ray://host:port`; None for another form
+    ("auto": Ray looks the address up itself), which skips the TCP probe."""
+    host, _, port = target.removeprefix("ray://").rpartition(":")
+    return (host.strip("[]"), int(port)) if host and port.isdigit() else None
+
+
+def _probe(target: str, where: str, advice: str, *, timeout: float) -> None:
+    """A TCP connect to the address: nothing listening, no route or an unknown host fails here in
+    milliseconds, before Ray prints a warning per retry."""
+    found = _host_port(target)
+    if found is None:
+        return
+    try:
+        socket.create_connection(found, timeout=timeout).close()
+    except OSError as exc:  # TimeoutError included: the driver's deadline has passed by then
+        raise EtlError(f"--engine ray: cannot reach {where}: {exc.strerror or exc}; {advice}") from None
+
+
+def _init(address: str | None, level: int, where: str = "the cluster",
+          advice: str = "check --ray-address / RAY_ADDRESS and that the cluster runs (`ray status`)") -> None:
+    import ray
+
+    try:
+        ray.init(address=address, logging_level=level)
+    except ConnectionError as exc:
+        # Ray's last try, as text (a traceback in a RuntimeError), after its ~20 s of retries.
+        if "AuthenticationError" in str(exc.__cause__):
+            raise EtlError(f"--engine ray: {where} refused this driver's auth token; export RAY_AUTH_MODE=token "
+                           "(Ray turns it on by itself only for a cluster it finds locally) and give this user "
+                           "the cluster's token (~/.ray/auth_token, or RAY_AUTH_TOKEN)") from exc
+        raise EtlError(f"--engine ray: {exc}; {advice}") from exc
+
+
+class _Attempt:
+    """`probe`, then `init`, on a daemon thread the driver can give up on: DNS, the TCP connect and
+    Ray's C++ retries all block outside Python, where neither a deadline nor Ctrl-C reaches."""
+
+    def __init__(self, probe: Callable[[], None], init: Callable[[], None]) -> None:
+        self.probe, self.init = probe, init
+        self.reached = threading.Event()  # the probe got through
+        self.result: Future[None] = Future()
+        self.lock = threading.Lock()
+        self.abandoned = False
+        threading.Thread(target=self._work, name="etl-ray-init", daemon=True).start()
+
+    def wait(self, timeout: float) -> bool:
+        """True once connected; False when `timeout` passed first (the thread is abandoned).
+
+        Waits in slices of POLL_S: the kernel may hand Ctrl-C's SIGINT to one of Ray's threads,
+        which only flags it for Python, and the main thread sees the flag (KeyboardInterrupt) when
+        its wait returns; one long wait held it until the timeout. An error of the attempt is
+        raised here.
+        """
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self.result.result(timeout=min(left, POLL_S))
+                return True
+            except FutureTimeout:
+                pass
+        with self.lock:  # an attempt that ends now either counts or is abandoned, not both
+            self.abandoned = True
+            if not self.result.done():
+                return False
+        self.result.result()
+        return True
+
+    def _work(self) -> None:
+        import ray
+
+        try:
+            self.probe()
+            self.reached.set()
+            self.init()
+        except BaseException as exc:  # noqa: BLE001 (raised in the waiting driver)
+            self.result.set_exception(exc)
+            return
+        with self.lock:
+            late = self.abandoned
+            if not late:
+                self.result.set_result(None)
+        if late:  # a library caller that got the timeout error is left without a connection
+            ray.shutdown()
+
+
+def _drop_sigterm_note(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_SIGTERM_NOTE)
