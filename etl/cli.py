@@ -7,6 +7,7 @@ import errno
 import importlib
 import os
 import pkgutil
+import re
 import sys
 import warnings
 from types import ModuleType
@@ -44,8 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Exit statuses (README "Exit status"): 0 done; 1 a bug in etl; 2 a usage or input error, nothing
-# (more) written; 3 done, but some input could not be read (listed in the manifest and on stderr).
-EXIT_OK, EXIT_BUG, EXIT_ERROR, EXIT_INCOMPLETE = 0, 1, 2, 3
+# (more) written; 3 done, but some input could not be read (listed in the manifest and on stderr);
+# 4 `etl run` read records and wrote none (all rejected or dropped; outranks 3). etl.commands.run
+# returns 3 and 4 (it cannot import this module: the import graph runs one way).
+EXIT_OK, EXIT_BUG, EXIT_ERROR, EXIT_INCOMPLETE, EXIT_EMPTY = 0, 1, 2, 3, 4
 
 
 _SHOW_WARNING = warnings.showwarning
@@ -60,9 +63,15 @@ def _show_warning(message: Warning | str, category: type[Warning], *args: Any, *
         _SHOW_WARNING(message, category, *args, **kwargs)
 
 
+# numpy's `tofile` (episodes, bin shards) reports a short write as "N requested and M written",
+# without an errno: on a local disk that is a full one (a file-size ulimit kills with SIGXFSZ first).
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
 def _no_space(exc: OSError, args: argparse.Namespace) -> str | None:
     """'no space left on device' and where, for a full disk (pyarrow raises it as OSError too)."""
-    if exc.errno != errno.ENOSPC and "No space left on device" not in str(exc):
+    text = str(exc)
+    if exc.errno != errno.ENOSPC and "No space left on device" not in text and not _SHORT_WRITE.fullmatch(text):
         return None
     where = exc.filename or getattr(args, "out", None) or getattr(args, "dst", None)
     return (f"no space left on device while writing {where}; free some space or write to another "

@@ -14,7 +14,8 @@ or a URI: file://, s3://, gs://, ...), and write DST/data, DST/turns, DST/_rejec
 DST/_manifest.json (DST: a path or a file:// URI).
 
 exit status: 0 done; 2 an error (nothing finished); 3 done, but some input could not be
-read to its end (a warning names it and what was salvaged).
+read to its end (a warning names it and what was kept); 4 input was read and nothing
+written (every record rejected or dropped; this outranks 3).
 
 With `sources` in the config file (a mixture of several inputs, each with its own options,
 mixed by weight), SRC is left out: etl run --config mix.toml DST (README "Mixtures").
@@ -29,6 +30,7 @@ examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # The settings' flags (type, choices, help, default) come from their declarations.
+    from etl.columns import RAY_CONNECT_TIMEOUT_S
     from etl.config.flags import add_flags
 
     p.add_argument("src", metavar="SRC", nargs="?", help="input file, directory or glob, or a URI pyarrow reads "
@@ -46,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "same rows, README 'Running on Ray')")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="with --engine ray: the cluster to join (default $RAY_ADDRESS, else a local one)")
+    p.add_argument("--ray-timeout", type=float, metavar="SECONDS",
+                   help="with --engine ray: seconds to wait for the cluster at the address to answer before "
+                   f"giving up with an error (default {RAY_CONNECT_TIMEOUT_S:g})")
     add_flags(p, ("chunk_bytes", "max_record_bytes"))
     add_cache_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
@@ -92,10 +97,10 @@ def run(args: argparse.Namespace) -> int:
 
         require_ray()
         manifest = run_ray(src, dst, config, address=args.ray_address, progress=not args.quiet,
-                           timings=timings, cache=cache)
+                           timings=timings, cache=cache, connect_timeout=args.ray_timeout)
     else:
-        if args.ray_address:
-            raise EtlError("--ray-address needs --engine ray")
+        if args.ray_address or args.ray_timeout is not None:
+            raise EtlError("--ray-address and --ray-timeout need --engine ray")
         manifest = run_pipeline(src, dst, config, progress=not args.quiet, timings=timings, cache=cache)
     if not args.quiet:
         for note in mixture_notes(manifest):
@@ -113,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"etl run timings: {stages}", file=sys.stderr)
         if line := cache_line(manifest.get("token_cache"), saved):
             print(line, file=sys.stderr)
-    return _incomplete(manifest)
+    return exit_status(manifest, dst, quiet=args.quiet)
 
 
 def cache_line(cache: dict[str, Any] | None, saved: float | None) -> str | None:
@@ -151,20 +156,53 @@ def mixture_notes(manifest: dict[str, Any]) -> list[str]:
 
 
 EXIT_INCOMPLETE = 3  # etl.cli: done, but some input could not be read to its end
+EXIT_EMPTY = 4  # etl.cli: input was read and nothing written
 
 
-def _incomplete(manifest: dict[str, Any]) -> int:
-    """Warn, even with --quiet, about every input not read to its end; the exit status says so."""
+def exit_status(manifest: dict[str, Any], dst: str, *, quiet: bool) -> int:
+    """0; 3 when some input was not read to its end; 4 when records were read and none written.
+
+    4 outranks 3: an output with nothing to train on is unusable whatever the cause (a damaged
+    file's records rejected as `corrupt_file` included); the damaged inputs are still named.
+    Nothing read (an empty file or folder) is an empty dataset, not a failure: 0.
+    """
+    counts = manifest["counts"]
+    empty = bool(counts["read"]) and not counts["written"]
+    status = _incomplete(manifest, empty=empty)
+    if not empty:
+        return status
+    if quiet and (hint := format_hint(manifest, dst)):  # the one line that says how to fix it
+        print(hint, file=sys.stderr)
+    queries = "".join(f" --query {q}" for q, key in (("rejects", "rejected"), ("drops", "dropped")) if counts[key])
+    outranks = f", which outranks {EXIT_INCOMPLETE}" if status else ""
+    read = "the 1 record read was" if counts["read"] == 1 else f"all {counts['read']:,} records read were"
+    print(f"etl run: error: nothing written: {read} rejected or dropped; `etl stats {dst}{queries}` says why "
+          f"(exit status {EXIT_EMPTY}{outranks})", file=sys.stderr)
+    return EXIT_EMPTY
+
+
+def _incomplete(manifest: dict[str, Any], *, empty: bool) -> int:
+    """Warn, even with --quiet, about every input not read to its end; the exit status says so
+    (unless nothing was written: then `exit_status` names its own)."""
     lost = manifest.get("incomplete_inputs") or []
     for item in lost:
-        what = "folder could not be listed" if item["reason"] == "unreadable_dir" else (
-            f"{item['records_read']:,} records salvaged, the rest lost" if item["records_read"]
-            else "nothing could be read")
-        print(f"etl run: warning: {item['path']}: {what} ({item['error']})", file=sys.stderr)
+        print(f"etl run: warning: {item['path']}: {_lost(item)} ({item['error']})", file=sys.stderr)
     if lost:
-        print(f"etl run: warning: {len(lost)} input(s) incomplete; the output holds everything else "
-              f"(exit status {EXIT_INCOMPLETE})", file=sys.stderr)
+        status = "" if empty else f" (exit status {EXIT_INCOMPLETE})"
+        print(f"etl run: warning: {len(lost)} input(s) incomplete; the output holds everything else{status}",
+              file=sys.stderr)
     return EXIT_INCOMPLETE if lost else 0
+
+
+def _lost(item: dict[str, Any]) -> str:
+    """What became of an input not read to its end (README "Every input is counted")."""
+    n = item["records_read"]
+    if item["reason"] == "unreadable_dir":
+        return "folder could not be listed"
+    if item["reason"] == "corrupt_file":  # read only after its check passed: changed since?
+        return (f"failed its integrity check after {n:,} records were used (did it change during the run?)" if n
+                else "failed its integrity check; none of its records were used")
+    return f"{n:,} records salvaged, the rest lost" if n else "nothing could be read"
 
 
 def _reasons(counts: dict[str, int]) -> str:

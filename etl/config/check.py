@@ -30,7 +30,9 @@ def field_of(d: Declared, annotation: Any = None) -> tuple[Any, Any]:
     """(type, FieldInfo) of a declared setting in a pydantic model: bounds, default, doc."""
     inner, nullable = optional(annotation if annotation is not None else d.annotation)
     if limit := d.setting.limit:
-        inner = Annotated[inner, Field(ge=limit.ge, gt=limit.gt, lt=limit.lt)]
+        # inf passes `gt=0` (TOML `inf`, JSON `1e999`: a weight of inf mixed 0 records and wrote
+        # NaN to the manifest); a bounded number is finite, reported with the bound's message.
+        inner = Annotated[inner, Field(ge=limit.ge, gt=limit.gt, lt=limit.lt, allow_inf_nan=False)]
     return (Optional[inner] if nullable else inner), Field(d.default, description=d.setting.doc)  # noqa: UP045
 
 

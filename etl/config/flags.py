@@ -60,8 +60,10 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         if value is None:
             continue
         if d.setting.mib:
-            if not (math.isfinite(value) and value * MIB >= 1):
-                raise EtlError(f"{d.setting.flag} is {value:g}; pass a positive size in MiB")
+            top = d.setting.limit.lt if d.setting.limit else None  # bytes, exclusive
+            if not (math.isfinite(value) and value * MIB >= 1 and (top is None or value * MIB < top)):
+                most = "" if top is None else f", at most {(top - 1) / MIB:g}"
+                raise EtlError(f"{d.setting.flag} is {value:g}; pass a positive size in MiB{most}")
             value = int(value * MIB)
         out[attr] = value
     return out

@@ -29,6 +29,9 @@ from etl.errors import EtlError
 # 16 MiB of JSON per chunk (~3M Qwen tokens): T0 with Qwen2.5 peaks at ~0.9 GB RSS and runs
 # as fast as with 32 MiB (1.15 GB); 8 MiB saves another 0.2 GB for ~1% of speed.
 DEFAULT_CHUNK_BYTES = 16 << 20
+# A chunk costs ~12x its size while parsed and assembled (README "Memory"): 1 GiB is ~12 GiB at
+# work. --chunk-mb 100000 made the reader ask for one 100 GB block (MemoryError).
+MAX_CHUNK_BYTES = 1 << 30
 Truncation = Literal["drop_oldest_turns", "keep_prefix", "right", "drop"]
 Eot = Literal["turn", "last", "all", "none"]
 ReasoningTurns = Literal["all", "last", "none"]
@@ -117,8 +120,10 @@ class RunConfig:
                                             "004's bin or h5 token files")
     max_tokens_per_shard: int = setting(100_000_000, "output.max_tokens_per_shard", "tokens per bin/h5 shard",
                                         limit=POSITIVE)
-    chunk_bytes: int = setting(DEFAULT_CHUNK_BYTES, None, "input per chunk (bounds memory)", flag="--chunk-mb",
-                               mib=True, limit=POSITIVE)
+    chunk_bytes: int = setting(DEFAULT_CHUNK_BYTES, None, "input per chunk (bounds memory; at most "
+                               f"{MAX_CHUNK_BYTES >> 20} MiB)", flag="--chunk-mb", mib=True,
+                               limit=Limit(f"must be positive and at most {MAX_CHUNK_BYTES} bytes, got {{value}}",
+                                           gt=0, lt=MAX_CHUNK_BYTES + 1))
     max_record_bytes: int = setting(
         DEFAULT_MAX_RECORD_BYTES, "preprocessing.max_record_bytes", "reject records whose JSON is larger, as "
         "record_too_large, before parsing", flag="--max-record-mb", mib=True,

@@ -32,6 +32,7 @@ from etl.formats.base import (
     type_words,
 )
 from etl.formats.conversation_sql import (
+    CALL_BAD,
     CALL_PARTS,
     PART_DETAIL,
     PART_ERROR,
@@ -95,6 +96,7 @@ def _query_body(per_message: dict[str, str]) -> str:
         reasoning_is_string=is_string("p.m.reasoning"),
         reasoning_parts=REASONING_PARTS,
         call_parts=CALL_PARTS,
+        call_bad=CALL_BAD,
         kind_reasoning=kind(p + "reasoning"),
         sys_is_string=is_string("sys"),
         nl=NL,

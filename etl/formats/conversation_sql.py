@@ -77,7 +77,10 @@ split as (
                 {call_parts},
                 case when list_contains($tool_call_roles, p.source_role) and $template_tools
                     then [{text}] end)
-        )) as ss
+        )) as ss,
+        -- the first message with a call a template cannot render (see CALL_BAD)
+        list_position(list_transform(ss, lambda s: len(list_filter(s.calls, lambda c: {call_bad})) > 0), true)
+            as call_at
     from checked
 ),
 think as (
@@ -124,6 +127,7 @@ final as (
             when tools is not null and not (starts_with(tools, '"') or starts_with(tools, '[')
                 or starts_with(tools, '{{')) then 'bad_tools'
             when err_at is not null then errs[err_at]
+            when call_at is not null then 'bad_tool_call'
             when add_system and not list_contains($roles, 'system') then 'unknown_role'
         end as reason,
         case reason {head_details}
@@ -134,6 +138,8 @@ final as (
             when 'not_a_string' then '"' || $system_key || '" is ' || {sys_kind} || ', not a string'
             when 'bad_tools' then '"' || $tools_key || '" is ' || {tools_kind}
                 || '; expected a JSON string, list or object'
+            when 'bad_tool_call' then 'message ' || (call_at - 1) || ' has a tool call without a "name": '
+                || left(coalesce(list_filter(ss[call_at].calls, lambda c: {call_bad})[1], 'null'), 80)
             else 'message ' || (err_at - 1) || ' ' || case reason
                 when 'message_not_an_object' then 'is '
                     || {msg_type} || ', not an object with "' || $role_key || '" and "' || $content_key || '"'
@@ -195,6 +201,15 @@ CALL_PARTS = """list_transform(
     list_filter(coalesce(p.parts, []), lambda q: list_contains($tool_call_part_types, q.type ->> '$')),
     lambda q: case when starts_with(coalesce(q.value, q.text), '"') then coalesce(q.value, q.text) ->> '$'
         else coalesce(q.value, q.text)::varchar end)"""
+
+# A tool call `c` (its JSON text) that no template can render, as etl.tokens.tool_json.parse_call
+# reads a call: not a JSON object, or no non-blank string "name" (inside "function" when that is an
+# object, OpenAI's form). Rendered, it was `{"name": "", "arguments": <the whole call>}` and trained.
+# CASE keeps json_type off text that is not JSON; records without calls skip it (an empty list).
+CALL_BAD = """case when not json_valid(c) then true when json_type(c) <> 'OBJECT' then true
+    else coalesce(trim(case when json_type(c, '$.function') = 'OBJECT' then
+            case when json_type(c, '$.function.name') = 'VARCHAR' then c ->> '$.function.name' end
+        when json_type(c, '$.name') = 'VARCHAR' then c ->> '$.name' end) = '', true) end"""
 
 # Per content part: the first problem, NULL for a usable text part.
 PART_ERROR = """case

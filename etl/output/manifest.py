@@ -1,5 +1,5 @@
 """Read `DST/_manifest.json`: the config, tokenizer, template, ids, counts and files of a run
-(`etl.output.ownership.OutputWriter.commit` writes it, last)."""
+(`etl.output.writer.OutputWriter.commit` writes it, last)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,18 @@ def read_manifest(dst: str | os.PathLike[str]) -> dict[str, Any]:
     """Load the manifest of a finished run, or raise an `EtlError` that says what to run."""
     path = Path(dst) / MANIFEST_FILE
     if not path.is_file():
+        if (root := _output_above(Path(dst))) is not None:
+            raise EtlError(f"{dst} is inside the etl output {root}; pass {root} itself (DST is the folder "
+                           f"that holds {MANIFEST_FILE})")
         raise EtlError(
             f"{path} not found: {dst} is not a finished etl output; run `etl run SRC {dst}` first"
         )
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _output_above(folder: Path) -> Path | None:
+    """The etl output `folder` lies in (DST/data/train/part-00000.parquet is 3 levels down), if any."""
+    for parent in folder.absolute().parents[:3]:
+        if (parent / MANIFEST_FILE).is_file():
+            return parent
+    return None

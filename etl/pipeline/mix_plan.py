@@ -62,6 +62,8 @@ def source_targets(
 
 
 def _shares(values: np.ndarray) -> np.ndarray:
+    if len(values) and values.max() > np.finfo(np.float64).max / len(values):
+        values = values / values.max()  # weights near 1e308 overflow their sum to inf: every share 0
     total = values.sum()
     return values / total if total > 0 else np.zeros_like(values, dtype=np.float64)
 

@@ -107,7 +107,10 @@ def _call_texts(calls: pa.Array, fmt: ToolIds) -> tuple[pa.Array, np.ndarray]:
         try:
             name, args = call_parts(text)
         except BadToolJson:
-            name, args = "", text  # not a call a template can render: its text in place of the arguments
+            # The builder rejected calls without a name (`bad_tool_call`, CALL_BAD in
+            # etl.formats.conversation_sql); what is left here is JSON DuckDB reads and Python's
+            # does not (a trailing comma, lowercase `nan`): its text in place of the arguments.
+            name, args = "", text
         return fmt.call_pre + name + fmt.call_mid + args + fmt.call_post
 
     texts = pa.array([render(t) for t in uniq.to_pylist()], pa.string())

@@ -12,6 +12,8 @@ These helpers turn the text into those parts the way transformers' templates exp
 
 `tojson` is transformers' filter (`json.dumps(ensure_ascii=False)`, key order kept). Parsing is
 Python per *distinct* text (a chunk of glaive: ~200 calls, ~300 tool lists), never per token.
+A key repeated in one object keeps its first value, as DuckDB reads the records (Python's `json`
+would keep the last: `{"name": "f", "name": ""}` passed the builder's name check as `f`).
 """
 
 from __future__ import annotations
@@ -29,9 +31,20 @@ def tojson(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose repeated keys keep their first value (and place), as DuckDB reads them."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):  # the usual object: no repeats, built in C
+        return obj
+    obj = {}
+    for key, value in pairs:
+        obj.setdefault(key, value)
+    return obj
+
+
 def _loads(text: str, what: str) -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_first_wins)
     except json.JSONDecodeError as exc:
         raise BadToolJson(f"{what} is not valid JSON ({exc.msg} at character {exc.pos}): {text[:80]!r}") from exc
 
@@ -46,7 +59,7 @@ def parse_call(text: str) -> dict[str, Any]:
     args = call.get("arguments", call.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = json.loads(args)
+            args = json.loads(args, object_pairs_hook=_first_wins)
         except json.JSONDecodeError:
             pass  # free text arguments: rendered as the JSON string they are
     return {"name": call["name"], "arguments": args}

@@ -81,7 +81,7 @@ def test_input_type_hint_fires_for_records_longer_than_the_raw_preview(tmp_path:
     assert all(len(json.dumps(r)) > 500 for r in records)  # longer than _rejects' raw preview
     (tmp_path / "sg.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     run = etl("run", "sg.jsonl", "out", cwd=tmp_path)
-    assert run.returncode == 0, run.stderr
+    assert run.returncode == 4, run.stderr  # nothing written
     assert "['conversations', 'id']: try --input-type sharegpt" in run.stderr
 
 
@@ -92,7 +92,7 @@ def test_missing_key_detail_names_the_record_keys_on_one_bounded_line(tmp_path: 
     (tmp_path / "r.jsonl").write_text(json.dumps(many) + "\n")
     for input_type in ("chat", "instruction", "text", "transcript"):
         run = etl("run", "r.jsonl", "out", "--input-type", input_type, "--quiet", cwd=tmp_path)
-        assert run.returncode == 0, run.stderr
+        assert run.returncode == 4, run.stderr  # its one record rejected: nothing written
         (detail,) = pq.read_table(tmp_path / "out" / "_rejects").column("detail").to_pylist()
         assert '; record keys: ["prompt","key 0\\nkkk' in detail and detail.endswith("(+19 more)")
         assert "\n" not in detail and len(detail) < 700

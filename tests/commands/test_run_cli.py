@@ -286,6 +286,6 @@ def test_sharegpt_without_a_config_gets_a_hint_and_input_type_reads_it(tmp_path:
     rec = {"id": "x", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
     src = write_jsonl(tmp_path / "sg.jsonl", [rec, rec])
     r = etl("run", str(src), str(tmp_path / "a"))
-    assert r.returncode == 0 and "try --input-type sharegpt" in r.stderr
+    assert r.returncode == 4 and "try --input-type sharegpt" in r.stderr  # 4: nothing written
     r = etl("run", str(src), str(tmp_path / "b"), "--input-type", "sharegpt", "--quiet")
     assert r.returncode == 0 and read_manifest(tmp_path / "b")["counts"]["written"] == 2
