@@ -1,4 +1,4 @@
-"""Column names, file names and constants of the output layout (DESIGN §4), defined once.
+"""Column names, file names and constants of the output layout, defined once.
 
 Everything that reads or writes `DST/` imports names from here, so a rename is one edit.
 """
@@ -24,7 +24,7 @@ MANIFEST_FILE = "_manifest.json"
 # 2: the manifest's `files` lists every file written with rows, bytes and sha256 (1: data/turns
 # paths only); readers accept 2 and newer.
 MANIFEST_FORMAT_VERSION = 2
-# The run's identity (DESIGN §4): 16 hex digits the manifest records under RUN_ID and every part
+# The run's identity: 16 hex digits the manifest records under RUN_ID and every part
 # carries in its Parquet key-value metadata (etl.output.parquet). A pack index part carries its
 # `etl pack`'s (`_packs.json`'s RUN_ID) and the run's whose data it indexes (DATA_RUN_ID).
 RUN_ID = "run_id"
@@ -49,7 +49,7 @@ SPLITS = ("train", "val")
 # the Hugging Face name of each etl split folder.
 CARD_FILE = "README.md"
 HF_SPLITS = {"train": "train", "val": "validation"}
-# `etl pack` (DESIGN §6): the pack index DST/packs/<split>/part-*.parquet and its writer's record
+# `etl pack`: the pack index DST/packs/<split>/part-*.parquet and its writer's record
 # `_packs.json`, the record every reader trusts; MANIFEST_PACKS is the manifest key holding a copy of
 # its per-split summary, derived from it after it is written (absent after a crash, never stale).
 PACKS_DIR = "packs"

@@ -9,6 +9,7 @@ wait is Python's, so Ctrl-C ends it at once, and an attempt past the deadline di
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -135,11 +136,9 @@ class _Attempt:
         """
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
-            try:
+            with contextlib.suppress(FutureTimeout):  # not yet: wait another slice
                 self.result.result(timeout=min(left, POLL_S))
                 return True
-            except FutureTimeout:
-                pass
         with self.lock:  # an attempt that ends now either counts or is abandoned, not both
             self.abandoned = True
             if not self.result.done():

@@ -1,4 +1,4 @@
-"""Write output tables as Parquet with fixed schemas, temp names and renames (DESIGN §4).
+"""Write output tables as Parquet with fixed schemas, temp names and renames.
 
 Fixed Arrow schemas make the files independent of how Polars happened to type a column,
 which, with no timestamps in the files, is what makes two runs byte-identical.
@@ -6,9 +6,12 @@ which, with no timestamps in the files, is what makes two runs byte-identical.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,7 +25,7 @@ from etl.output.ownership import tmp_of
 # costs few group reads.
 ROW_GROUP_SIZE = 1024
 
-# Key-value metadata of every part (DESIGN §4): the id of the run that wrote it, the manifest's
+# Key-value metadata of every part: the id of the run that wrote it, the manifest's
 # `run_id` (a pack index part: its `etl pack`'s, `_packs.json`'s), and on a pack index part the
 # run whose data it indexes. Readers compare them from the footer they read anyway (no extra read),
 # so a valid part of another run copied over one is refused even where no sha256 is compared.
@@ -87,6 +90,12 @@ REJECTS_SCHEMA = pa.schema(
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Select and cast the schema's columns in its order (extra columns are dropped)."""
     return pa.table([table.column(f.name).cast(f.type) for f in schema], schema=schema)
+
+
+def identity_of(body: Any) -> str:
+    """A run id: 16 hex digits (64 bits) of a sha256 over `body` as sorted JSON, the inputs and
+    settings that fix what a run or a pack writes, so a rerun of the same gets the same id."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def identity_keys(run_id: str, *, data_run_id: str | None = None) -> dict[str, str]:

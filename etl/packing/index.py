@@ -57,7 +57,7 @@ class PackIndex:
         truncation: which S tokens a clipped example keeps: ``right`` the first, ``left`` the last.
         example_tokens: tokens of the split's examples (the stream a packer is fed).
         skipped_tokens: of those, the ones no pack holds (a clipped example's cut tokens, the tails
-            seed 001's stream skips); the repeats stream injects do not make up for them.
+            the stream packer skips); the repeats stream injects do not make up for them.
     """
 
     packing: Packing

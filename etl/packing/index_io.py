@@ -12,7 +12,6 @@ identity, sha256).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -26,7 +25,7 @@ from etl import columns as c
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
 from etl.output.ownership import record_paths
-from etl.output.parquet import identity_keys
+from etl.output.parquet import identity_keys, identity_of
 from etl.output.part_writer import PartWriter
 from etl.output.parts import check_part, fingerprint, open_part
 from etl.output.writer import OutputWriter
@@ -71,21 +70,20 @@ def write_pack_index(dst: str | os.PathLike[str], indexes: Mapping[str, PackInde
         record = {"format_version": PACKS_FORMAT_VERSION, c.RUN_ID: run_id, c.DATA_RUN_ID: data_run_id,
                   "splits": summaries}
         output.commit(record)
-        # A copy for whoever reads the manifest (DESIGN §6), derived from the record and written
+        # A copy for whoever reads the manifest, derived from the record and written
         # after it: a crash between leaves it absent, never disagreeing; no reader reads it.
         output.amend("run", c.MANIFEST_PACKS, summaries)
     return {**record, "files": output.files()}
 
 
 def pack_identity(indexes: Mapping[str, PackIndex], data_run_id: str | None) -> str:
-    """The identity of an `etl pack` (DESIGN §4): 16 hex digits of a sha256 over its inputs and
+    """The identity of an `etl pack`: 16 hex digits of a sha256 over its inputs and
     options (the data run's identity, per split the fingerprint of the data, strategy, S, seed,
     options and truncation), so packing the same data the same way again writes the same bytes."""
     body = {split: {"fingerprint": i.fingerprint, "strategy": i.strategy, "seq_len": i.seq_len, "seed": i.seed,
                     "options": i.options, "truncation": i.truncation} for split, i in indexes.items()}
-    text = json.dumps({"etl_version": __version__, "format_version": PACKS_FORMAT_VERSION,
-                       c.DATA_RUN_ID: data_run_id, "splits": body}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return identity_of({"etl_version": __version__, "format_version": PACKS_FORMAT_VERSION,
+                        c.DATA_RUN_ID: data_run_id, "splits": body})
 
 
 def read_record(dst: str | os.PathLike[str]) -> dict[str, Any] | None:

@@ -103,7 +103,7 @@ class Packing:
 
 
 def held_tokens(packing: Packing, lengths: np.ndarray) -> int:
-    """Tokens of the examples that some piece holds, each counted once: seed 001's stream repeats
+    """Tokens of the examples that some piece holds, each counted once: the stream packer repeats
     system spans and user headers as extra pieces, and skips tails; a clipped example's cut tokens
     are in no piece. The union of the pieces' ranges laid out as one stream: one argsort of the
     pieces (~0.1 s per 1M) and a running max, no loop per piece."""

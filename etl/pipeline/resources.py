@@ -4,8 +4,6 @@ config, tokenizer, template ids, BOS/EOS and default-system ids, a DuckDB connec
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +17,7 @@ from etl.config.run_config import MaskOptions, RunConfig
 from etl.errors import EtlError
 from etl.formats.registry import BUILDERS, BuilderQuery, connect
 from etl.ingest.discover import Source
+from etl.output.parquet import identity_of
 from etl.pipeline.accounting import Counts
 from etl.pipeline.reasoning import ReasoningRender
 from etl.pipeline.startup import builder_query_for
@@ -145,15 +144,13 @@ def resources_for(res: Resources, config: RunConfig) -> Resources:
 
 
 def run_identity(res: Resources, sources: list[Source]) -> str:
-    """The run's identity (DESIGN §4), known before its first part is written: 16 hex digits of a
+    """The run's identity, known before its first part is written: 16 hex digits of a
     sha256 over what fixes its output (etl's version, the config, the tokenizer's sha256, the
     template and ids, each input's name and size). A rerun of the same input and config gets the
     same one, so its parts stay byte-identical; the counts and the token cache are left out (a
     cached rerun writes the same bytes). Costs a stat per input, as the progress bar's total does.
     """
-    sizes = [s.size() for s in sources]
-    body = json.dumps({**_settings(res, sources), "input_bytes": sizes}, sort_keys=True)
-    return hashlib.sha256(body.encode()).hexdigest()[:16]
+    return identity_of({**_settings(res, sources), "input_bytes": [s.size() for s in sources]})
 
 
 def _settings(res: Resources, sources: list[Source]) -> dict[str, Any]:

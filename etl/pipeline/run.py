@@ -219,7 +219,7 @@ def prepare_all(srcs: list[str], dst: str, config: RunConfig, *, cache: CacheSet
     """`prepare` for several SRCs (a mixture's sources): the input files of each."""
     out = _target(dst)
     found = [_inputs(src, out, storage=config.storage_format != "parquet") for src in srcs]
-    check_apart(cache, srcs, out, tokenizer=config.tokenizer)  # before the cache or DST is made (issue 26)
+    check_apart(cache, srcs, out, tokenizer=config.tokenizer)  # before the cache or DST is made
     holds_inputs = [path for _, holds in found for path in holds]
     check_target(out, keep=holds_inputs)
     if config.storage_format == "h5":  # a missing h5py fails now, not after tokenizing it all

@@ -1,4 +1,4 @@
-"""The token cache lies apart from SRC and DST (issue 26 case 5): a cache inside SRC was read back as
+"""The token cache lies apart from SRC and DST: a cache inside SRC was read back as
 input by the next run (20 records became 63, 43 of them bogus rejects, exit 0), and a cache equal
 to DST was made before DST was checked. Each overlap is refused in one line naming the cache,
 before a single file is written; a cache in a hidden folder of SRC, which etl never reads, is fine."""

@@ -1,4 +1,4 @@
-"""A token cache on a full disk (issue 26 case 6): the run failed blaming DST and left
+"""A token cache on a full disk: the run failed blaming DST and left
 `parsed/.tmp-*.arrow` behind, so every later run failed too. Now a write into the cache that fails
 (ENOSPC, EDQUOT, any OSError) gives one warning naming the cache folder, removes its temporary
 file, and the run goes on without the cache: exit 0 and the output --no-cache writes.

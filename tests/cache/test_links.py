@@ -1,4 +1,4 @@
-"""No file under the token cache is written, touched or deleted through a symlink (issue 26): a link
+"""No file under the token cache is written, touched or deleted through a symlink: a link
 planted at any path etl writes or removes there makes a run go on without the cache, with one
 warning naming the link (the cache is an optimisation, as on a full disk), and makes `etl cache
 clear` refuse, naming it, before it removes a single file. Nothing outside the cache changes:

@@ -1,4 +1,4 @@
-"""A run that read input and wrote nothing is not a success: exit status 4 (issue 26, case 12).
+"""A run that read input and wrote nothing is not a success: exit status 4.
 
 Before, `read 2,312, written 0, rejected 2,312 (missing_key 2,312)` exited 0.
 """

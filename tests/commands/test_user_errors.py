@@ -1,4 +1,4 @@
-"""One-line errors for what users ran into (issue 26's smaller cases): a folder inside DST given as
+"""One-line errors for what users ran into: a folder inside DST given as
 DST, an export onto a full disk, a --chunk-mb no machine can hold."""
 
 from __future__ import annotations

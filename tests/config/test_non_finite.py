@@ -1,4 +1,4 @@
-"""Non-finite numbers never pass a config nor reach a JSON file etl writes (issue 26, case 9).
+"""Non-finite numbers never pass a config nor reach a JSON file etl writes.
 
 `weight = inf` (TOML) or `1e999` (JSON) in a mixture passed `weight > 0`, mixed 0 records, exited
 0 and wrote `NaN` / `Infinity` into the manifest, which no JSON reader accepts.

@@ -1,4 +1,4 @@
-"""`--ray-address` that no Ray cluster answers (issue 26, case 10): ray.init retried for ~14 minutes
+"""`--ray-address` that no Ray cluster answers: ray.init retried for ~14 minutes
 inside C++ calls that held off Ctrl-C. etl gives up after `--ray-timeout` seconds with one line
 naming the address, and Ctrl-C ends the wait at once.
 

@@ -1,4 +1,4 @@
-"""Tool calls a template cannot render (no name) reject their record as `bad_tool_call` (issue 26, case 11).
+"""Tool calls a template cannot render (no name) reject their record as `bad_tool_call`.
 
 Before, such a call was rendered `{"name": "", "arguments": <the whole call>}` and trained.
 """

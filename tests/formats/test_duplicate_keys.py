@@ -1,4 +1,4 @@
-"""A key repeated within one JSON object: the first value is read, at every level (issue 26).
+"""A key repeated within one JSON object: the first value is read, at every level.
 
 DuckDB's reader keeps the first value (Python's `json` the last); detecting repeats would parse
 every record again (json_keys: ~2.6x the builder's parse), so etl reads the first, documented in

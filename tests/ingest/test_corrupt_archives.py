@@ -1,4 +1,4 @@
-"""A compressed input that fails its integrity check puts nothing in data/ (issue 26, case 2).
+"""A compressed input that fails its integrity check puts nothing in data/.
 
 gzip carries a CRC-32 and the length of each member, zstd (when written with one) a checksum of
 each frame; both are checked only at the end of the stream, so every record before the check

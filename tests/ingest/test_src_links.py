@@ -1,4 +1,4 @@
-"""Links and other entries under SRC that are not plain files (issue 26, case 1 and the FIFO note):
+"""Links and other entries under SRC that are not plain files:
 each real file is read once, discovery ends, and whatever is not read is counted with a reason."""
 
 from __future__ import annotations

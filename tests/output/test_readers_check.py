@@ -145,7 +145,7 @@ def test_a_truncated_archive_is_rejected_whole_and_exits_3(tmp_path: Path) -> No
     assert r.returncode == 3, r.stderr
     manifest = read_manifest(tmp_path / "out")
     lost = manifest["incomplete_inputs"]
-    # Its intact first half is not kept either: issue 26 (a damaged archive trains nothing).
+    # Its intact first half is not kept either (a damaged archive trains nothing).
     assert [(i["path"], i["reason"], i["records_read"]) for i in lost] == [("cut.jsonl.gz", "corrupt_file", 0)]
     assert "cut.jsonl.gz: failed its integrity check; none of its records were used" in r.stderr
     assert "exit status 3" in r.stderr
