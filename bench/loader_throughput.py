@@ -128,10 +128,10 @@ def measure(dst: Path, batches: int, **kwargs: object) -> tuple[int, float, int,
 
 
 def measure_episodes(dst: Path, batches: int) -> tuple[int, float, int, int, int]:
-    """The seed-002 loader over `etl export --format episodes` of the same data (memmapped)."""
-    from etl.loader.episode_loader import EpisodeDataLoader
-    from etl.loader.episodes import export_episodes
-    from etl.loader.training_xml import TrainingConfig
+    """The episode loader over `etl export --format episodes` of the same data (memmapped)."""
+    from etl.export.episode_loader import EpisodeDataLoader
+    from etl.export.episodes import export_episodes
+    from etl.export.training_xml import TrainingConfig
 
     out = dst.parent / f"{dst.name}-episodes"
     if not (out / "meta.json").is_file():

@@ -1,6 +1,6 @@
 """`etl export DST OUT --format F`: write the Parquet examples in a training framework's layout.
 
-Formats sit in `FORMATS` (name -> function); adding one (seed 004's bin / h5) is one entry.
+Formats sit in `FORMATS` (name -> function); adding one is one entry. The code is `etl.export`.
 """
 
 from __future__ import annotations
@@ -14,20 +14,22 @@ from etl.columns import SPLITS
 from etl.errors import EtlError
 
 NAME = "export"
-HELP = "Export tokenized Parquet to another layout (episodes: seed 002 tokens/mask/idx files)."
+HELP = "Export tokenized Parquet to another layout (episodes: token/mask/index files; bin, h5)."
 
 
 def _episodes(
     dst: Path, out: Path, *, splits: tuple[str, ...], mask: bool
 ) -> dict[str, dict[str, int]]:
-    """Seed 002: OUT/<split>/tokens.bin (uint32), mask.bin (uint8), episodes.idx (uint64 pairs)."""
-    from etl.loader.episodes import export_episodes  # numpy/pyarrow only; no torch
+    """The episode export: OUT/<split>/tokens.bin (uint32), mask.bin (uint8), episodes.idx
+    (uint64 pairs)."""
+    # Deferred: `etl --help` imports every command module and needs no numpy or pyarrow.
+    from etl.export.episodes import export_episodes  # numpy/pyarrow only; no torch
 
     return export_episodes(dst, out, splits=splits, mask=mask)
 
 
 def _storage(storage_format: str) -> Callable[..., dict[str, dict[str, int]]]:
-    """Seed 004 bin / h5: OUT/<domain>/meta.json + int64 token files (see etl.output.storage)."""
+    """The bin/h5 export: OUT/<domain>/meta.json + int64 token files (etl.export.token_files)."""
 
     def export(
         dst: Path,
@@ -37,10 +39,15 @@ def _storage(storage_format: str) -> Callable[..., dict[str, dict[str, int]]]:
         mask: bool,
         max_tokens_per_shard: int | None,
     ) -> dict[str, dict[str, int]]:
+        # Deferred as in `_episodes`.
+        from etl.export.token_files import (
+            DEFAULT_MAX_TOKENS_PER_SHARD,
+            domain_folder,
+            export_storage,
+        )
         from etl.output.parts import listed_splits
-        from etl.output.storage import DEFAULT_MAX_TOKENS_PER_SHARD, domain_folder, export_storage
 
-        # Seed 004 has no splits: one split per OUT, the first requested one that exists.
+        # The bin/h5 layout has no splits: one split per OUT, the first requested one that exists.
         present = listed_splits(dst)
         have = [s for s in splits if s in present] or list(splits[:1])
         if len(have) > 1:
@@ -57,7 +64,7 @@ def _storage(storage_format: str) -> Callable[..., dict[str, dict[str, int]]]:
             max_tokens_per_shard=DEFAULT_MAX_TOKENS_PER_SHARD
             if max_tokens_per_shard is None
             else max_tokens_per_shard,
-        )  # seed 004 always has loss_mask.bin: --no-mask is for episodes only
+        )  # bin/h5 always has loss_mask: --no-mask is for episodes only
         return {
             domain_folder(d): {"episodes": c["sequences"], "tokens": c["tokens"]}
             for d, c in counts.items()
@@ -90,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-tokens-per-shard",
         type=int,
         metavar="N",
-        help="bin/h5: tokens per shard (default: seed 004's 100M); bin/h5 write the first split",
+        help="bin/h5: tokens per shard (default: 100M); bin/h5 write the first split",
     )
 
 

@@ -1,7 +1,7 @@
-"""File backends of `etl.output.storage`, one per seed-004 storage format (`bin`, `h5`).
+"""File backends of the bin/h5 export (`etl.export.token_files`), one per format (`bin`, `h5`).
 
 A backend appends numpy chunks of whole sequences to a domain's shard k under temporary names,
-then `finish` renames them (plain names when there is one shard); `etl.output.storage_writer` decides
+then `finish` renames them (plain names when there is one shard); `etl.export.shards` decides
 the shards and writes meta.json.
 """
 
@@ -24,7 +24,7 @@ META_FILE = "meta.json"
 SEQUENCE = "sequence"
 OFFSETS = "offsets"
 H5_NAME = "data"
-# Explicit little-endian: seed 004 files are raw bytes, so their byte order must not depend on
+# Explicit little-endian: bin files are raw bytes, so their byte order must not depend on
 # the machine that wrote them.
 DTYPES = {
     SEQUENCE: np.dtype("<i8"),
@@ -91,7 +91,7 @@ class Backend(abc.ABC):
 
 
 class BinBackend(Backend):
-    """Seed 004 ``bin``: one raw file per stream and shard; appends are plain file appends."""
+    """``bin``: one raw file per stream and shard; appends are plain file appends."""
 
     ext = "bin"
 

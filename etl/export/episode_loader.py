@@ -1,4 +1,4 @@
-"""`EpisodeDataLoader` (seed 002): fixed-shape ``get_batch(split)`` over the episode layout.
+"""`EpisodeDataLoader`: fixed-shape ``get_batch(split)`` over the episode export's layout.
 
 ``sft_episode`` never crosses an episode boundary: each row is one episode padded or cut to
 block_size + 1. ``token_stream`` draws random contiguous windows (nanoGPT-style pretraining).
@@ -18,14 +18,15 @@ import torch
 
 from etl.columns import SPLITS
 from etl.errors import EtlError
+from etl.export.episodes import EpisodeSplit, open_split
+from etl.export.token_files import read_meta
+from etl.export.training_xml import TrainingConfig
 from etl.loader.collate import collate_fixed
 from etl.loader.device import resolve_device, to_device, to_torch
-from etl.loader.episodes import EpisodeSplit, open_split
 from etl.loader.orders import epoch_order, random_rows
-from etl.loader.training_xml import TrainingConfig
-from etl.output.storage import read_meta
 from etl.ragged import Ragged
 
+# The name it had under etl.loader: users' logging configs that select it keep working.
 log = logging.getLogger("etl.loader.episodes")
 
 
@@ -34,11 +35,11 @@ def _flag(value: bool) -> str:
 
 
 class EpisodeDataLoader:
-    """Seed 002's GPTEpisodeDataLoader over ``dataset_dir/{train,val}``.
+    """A GPTEpisodeDataLoader over ``dataset_dir/{train,val}`` of the episode export.
 
     Args:
         dataset_dir: written by ``etl export DST OUT --format episodes`` (or any tool that writes
-            seed 002's files).
+            the same files).
         config: a `TrainingConfig`, or a path / XML string holding ``<training>``; None: defaults.
         batch_size: B; default the config's ``<batch_size>``.
         block_size: T; default the config's ``<block_size>``.

@@ -1,4 +1,4 @@
-"""Seed 002's episode layout: written from Parquet (`etl export --format episodes`) and read back.
+"""The episode export: its layout written from Parquet (`etl export --format episodes`) and read back.
 
 ``OUT/<split>/tokens.bin`` uint32 ids, ``mask.bin`` uint8 0/1 aligned to tokens, ``episodes.idx``
 16-byte records (start uint64, length uint64); ``OUT/meta.json`` (an extension) keeps the pad/eot
@@ -16,11 +16,11 @@ import numpy as np
 
 from etl.columns import DATA_DIR, INPUT_IDS, LOSS_MASK, SPLITS
 from etl.errors import EtlError
+from etl.export.backends import META_FILE
+from etl.export.token_files import memmap_file
 from etl.output.manifest import read_manifest
 from etl.output.ownership import tmp_of
 from etl.output.parts import listed_parts, listed_splits, open_part
-from etl.output.storage import memmap_file
-from etl.output.storage_backends import META_FILE
 from etl.output.writer import OutputWriter
 from etl.ragged import from_arrow
 from etl.ui.progress import rows_bar
@@ -70,7 +70,7 @@ def export_episodes(
     splits: tuple[str, ...] = SPLITS,
     mask: bool = True,
 ) -> dict[str, dict[str, int]]:
-    """Write the splits of an ``etl run`` output in seed 002's episode layout.
+    """Write the splits of an ``etl run`` output in the episode layout.
 
     Args:
         dst: ``etl run`` output directory.
@@ -130,7 +130,7 @@ class EpisodeSplit:
 
 
 def open_split(directory: str | os.PathLike[str], *, need_index: bool = True) -> EpisodeSplit:
-    """Open ``directory`` (e.g. ``dataset_dir/train``) of the seed-002 layout.
+    """Open ``directory`` (e.g. ``dataset_dir/train``) of the episode layout.
 
     Args:
         directory: holds ``tokens.bin``, ``episodes.idx`` and optionally ``mask.bin``.
@@ -158,7 +158,7 @@ def open_split(directory: str | os.PathLike[str], *, need_index: bool = True) ->
     mask, note = None, f"{MASK_FILE} absent"
     if (d / MASK_FILE).is_file():
         size, n = (d / MASK_FILE).stat().st_size, tokens.shape[0]
-        # The seed allows uint8 or float32 masks; the file size tells which.
+        # The layout allows uint8 or float32 masks; the file size tells which.
         dtype = np.uint8 if size == n else np.float32 if size == 4 * n else None
         if dtype is None:
             note = f"{MASK_FILE} has {size} bytes for {n} tokens (incomplete)"

@@ -1,4 +1,4 @@
-"""Writing side of `etl.output.storage`: stream Parquet row groups into per-domain `DomainWriter`s.
+"""Writing side of the bin/h5 export: stream Parquet row groups into per-domain `DomainWriter`s.
 
 A `DomainWriter` cuts one domain's sequences into shards (greedy, never splitting a sequence)
 and hands each run of whole sequences to its format's `Backend`; `finish` writes meta.json.
@@ -20,9 +20,9 @@ import pyarrow.compute as pc
 
 from etl import columns as c
 from etl.errors import EtlError
+from etl.export.backends import META_FILE, OFFSETS, SEQUENCE, Backend
 from etl.output.ownership import RESERVED, tmp_of
 from etl.output.parts import open_part
-from etl.output.storage_backends import META_FILE, OFFSETS, SEQUENCE, Backend
 from etl.ragged import Ragged, from_arrow  # numpy/pyarrow only; no torch
 from etl.safe_paths import check_no_symlink
 from etl.ui.progress import rows_bar
@@ -131,7 +131,7 @@ class DomainWriter:
 def build_meta(
     head: dict[str, Any], shards: list[Shard], files: list[dict[str, str]], *, weights: bool
 ) -> dict[str, Any]:
-    """meta.json content (every key is documented in `etl.output.storage`'s module docstring)."""
+    """meta.json content (every key is documented in `etl.export.token_files`' module docstring)."""
     n_seq = sum(s.num_sequences for s in shards)
     n_tok = sum(s.num_tokens for s in shards)
     first_seq = np.cumsum([0] + [s.num_sequences for s in shards[:-1]]).tolist()

@@ -1,11 +1,11 @@
-"""Seed 004's storage formats: per-domain int64 token files (`bin`, mmap-able) or HDF5 (`h5`).
+"""The bin/h5 export: per-domain int64 token files (`bin`, mmap-able) or HDF5 (`h5`).
 
 `write_bin` / `write_h5` stream one split of `DST/data/<split>/part-*.parquet`, row group by row
 group, into `OUT/<domain>/`; `read_bin` memory-maps a shard back. Layout of a domain folder:
 
     meta.json        written last (a folder without it is unfinished); keys below
-    sequence.bin     bin: token ids, raw little-endian int64 (seed 004), all sequences back to back
-    loss_mask.bin    bin: 0/1 per token, little-endian int64 (seed 004), aligned with sequence.bin
+    sequence.bin     bin: token ids, raw little-endian int64, all sequences back to back
+    loss_mask.bin    bin: 0/1 per token, little-endian int64, aligned with sequence.bin
     offsets.bin      bin: N + 1 little-endian int64; sequence i is sequence[offsets[i]:offsets[i+1]]
     loss_weight.bin  bin: float32 per token, only when the Parquet data has `loss_weight`
     data.h5          h5: datasets `sequence`, `loss_mask`, `offsets` (int64) [, `loss_weight`]
@@ -20,7 +20,7 @@ meta.json keys:
     domain                   the `domain` value, `__default__` for null or "" (the folder name is it, with `/ \\ % : * ? " < > |`,
                              control characters and names clashing with DST's own folders
                              %XX-escaped; see `domain_folder`)
-    split                    the Parquet split exported (seed 004 has no splits)
+    split                    the Parquet split exported (the layout itself has no splits)
     num_sequences, num_tokens, num_trained   totals over all shards (num_trained: mask == 1)
     max_tokens_per_shard     the limit the shards were cut at
     sequence, loss_mask      {"shape": [num_tokens], "dtype": "int64", "byteorder": "little"}
@@ -48,18 +48,17 @@ import pyarrow.parquet as pq
 
 from etl import columns as c
 from etl.errors import EtlError
+from etl.export.backends import BACKENDS, META_FILE, OFFSETS, SEQUENCE, require_h5py
+from etl.export.shards import domain_folder, write_domains
 from etl.output.manifest import read_manifest
 from etl.output.parts import listed_parts, listed_splits
-from etl.output.storage_backends import BACKENDS, META_FILE, OFFSETS, SEQUENCE
-from etl.output.storage_writer import domain_folder, write_domains
 from etl.output.writer import OutputWriter
 
 __all__ = [
     "domain_folder", "export_storage", "memmap_file", "read_bin", "read_meta", "write_bin", "write_h5",
-    "write_storage",
 ]
 
-DEFAULT_MAX_TOKENS_PER_SHARD = 100_000_000  # seed 004 default: 800 MB of int64 per stream file
+DEFAULT_MAX_TOKENS_PER_SHARD = 100_000_000  # 800 MB of int64 per stream file
 FORMAT_VERSION = 1
 
 
@@ -73,9 +72,11 @@ def _check_options(storage_format: str, max_tokens_per_shard: int) -> None:
         raise EtlError(f"storage format {storage_format!r} unknown; use one of {sorted(BACKENDS)}")
     if max_tokens_per_shard < 1:
         raise EtlError(f"max_tokens_per_shard must be >= 1, got {max_tokens_per_shard}")
+    if storage_format == "h5":  # a missing h5py fails before OUT is claimed, not at the first shard
+        require_h5py()
 
 
-def write_storage(
+def _write_split(
     parts: list[Path],
     out: Path,
     *,
@@ -88,7 +89,6 @@ def write_storage(
 ) -> dict[str, dict[str, int]]:
     """Write the given Parquet parts of one split as per-domain folders under ``out``; every
     file goes through ``output`` (journaled, then listed in its record). See `export_storage`."""
-    _check_options(storage_format, max_tokens_per_shard)
     weights = any(c.LOSS_WEIGHT in pq.read_schema(f).names for f in parts)
     backend = BACKENDS[storage_format](weights=weights, output=output)
     writers = write_domains(parts, out, backend=backend, limit=max_tokens_per_shard)
@@ -103,28 +103,6 @@ def write_storage(
     return {d: w.finish({**head, "domain": d}) for d, w in writers.items()}
 
 
-def write_run_storage(
-    dst: Path, manifest: dict[str, Any], output: OutputWriter, *, storage_format: str,
-    max_tokens_per_shard: int,
-) -> dict[str, Any]:
-    """seed 004 `output.storage_format` of a run: per-domain bin/h5 next to its Parquet, listed
-    in the run's manifest like its parts.
-
-    train goes to DST/<domain>/ as the seed lays it out; val, when there is one, to
-    DST/_val/<domain>/ (underscore-prefixed like `_rejects`, so no domain name can clash).
-    """
-    written = {}
-    for split, target in (("train", dst), ("val", dst / c.VAL_STORAGE_DIR)):
-        prefix = f"{c.DATA_DIR}/{split}/"
-        parts = [dst / f["path"] for f in output.files() if f["path"].startswith(prefix)]
-        if parts:
-            written[split] = write_storage(
-                parts, target, output=output, storage_format=storage_format, split=split,
-                max_tokens_per_shard=max_tokens_per_shard, source=manifest, dst=dst,
-            )
-    return {"format": storage_format, "domains": written}
-
-
 def export_storage(
     dst: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -133,7 +111,7 @@ def export_storage(
     split: str = "train",
     max_tokens_per_shard: int = DEFAULT_MAX_TOKENS_PER_SHARD,
 ) -> dict[str, dict[str, int]]:
-    """Write one split of an ``etl run`` output as seed 004's per-domain ``bin`` or ``h5`` files.
+    """Write one split of an ``etl run`` output as per-domain ``bin`` or ``h5`` token files.
 
     OUT is claimed like DST by a run: new, empty or an earlier etl output; locked while the
     export writes; the previous export's files (listed in ``OUT/_export.json``) are replaced and
@@ -162,7 +140,7 @@ def export_storage(
         raise EtlError(f"no Parquet files in {dst / c.DATA_DIR / split}; pick a split from "
                        f"{listed_splits(dst, manifest)}")
     with OutputWriter(out, kind="export") as output:
-        counts = write_storage(parts, out, output=output, storage_format=storage_format, split=split,
+        counts = _write_split(parts, out, output=output, storage_format=storage_format, split=split,
                                max_tokens_per_shard=max_tokens_per_shard, source=manifest, dst=dst)
         output.commit({"format": storage_format, "source": str(dst.resolve()), "split": split,
                        "domains": counts})
@@ -176,7 +154,7 @@ def write_bin(
     max_tokens_per_shard: int = DEFAULT_MAX_TOKENS_PER_SHARD,
     split: str = "train",
 ) -> dict[str, dict[str, int]]:
-    """Seed 004 ``bin``: ``out/<domain>/{meta.json, sequence.bin, loss_mask.bin, offsets.bin}``.
+    """The ``bin`` export: ``out/<domain>/{meta.json, sequence.bin, loss_mask.bin, offsets.bin}``.
 
     Files are raw little-endian int64, readable zero-copy with ``numpy.memmap`` (or `read_bin`).
 
@@ -204,7 +182,7 @@ def write_h5(
     split: str = "train",
     max_tokens_per_shard: int = DEFAULT_MAX_TOKENS_PER_SHARD,
 ) -> dict[str, dict[str, int]]:
-    """Seed 004 ``h5``: ``out/<domain>/{meta.json, data.h5}`` (needs h5py: ``pip install etl[h5]``).
+    """The ``h5`` export: ``out/<domain>/{meta.json, data.h5}`` (needs h5py: ``pip install etl[h5]``).
 
     Datasets ``sequence``, ``loss_mask``, ``offsets`` (int64), chunked and gzip-compressed.
 

@@ -1,4 +1,4 @@
-"""Seed 002's ``<training>`` XML block: dataset_mode, sampling, epoch flags, pad id, min tokens.
+"""The episode loader's ``<training>`` XML block: dataset_mode, sampling, epoch flags, pad id, min tokens.
 
 Unknown tags are ignored (the block belongs to a larger training config); a known tag with a bad
 value is an `EtlError` that names the tag.
@@ -21,12 +21,13 @@ _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """Seed 002's flags (defaults as the seed states) plus the loader sizes a config may carry.
+    """The episode loader's flags (defaults as its specification states) plus the loader sizes a
+    config may carry.
 
     Attributes:
         dataset_mode: ``token_stream`` (default, random windows) or ``sft_episode``.
         batch_sampling_mode: ``random`` or ``epoch``; None resolves to ``random`` for
-            token_stream and ``epoch`` for sft_episode (the seed's recommendation).
+            token_stream and ``epoch`` for sft_episode (the specification's recommendation).
         epoch_shuffle: shuffle episode order each epoch.
         epoch_drop_last: drop the last incomplete batch of an epoch.
         epoch_seed: epoch e is shuffled with ``epoch_seed + e``.
@@ -89,7 +90,7 @@ class TrainingConfig:
             raise EtlError(f"cannot read the XML config {text[:80]!r}: {exc}") from None
         training = root if root.tag == "training" else root.find(".//training")
         if training is None:
-            raise EtlError("the XML config has no <training> element; add one (see seed 002)")
+            raise EtlError("the XML config has no <training> element; add one (see `TrainingConfig`)")
         values: dict[str, Any] = {}
         for f in fields(cls):
             node = training.find(f.name)

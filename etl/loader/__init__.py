@@ -1,6 +1,7 @@
-"""Training loader: Parquet-backed Dataset, resumable samplers, vectorized collate, episodes.
+"""Training loader: Parquet-backed Dataset, resumable samplers, vectorized collate, packing.
 
-Names are imported lazily (PEP 562) so `etl export` and other torch-free users do not pay for torch.
+Names are imported lazily (PEP 562) so torch-free users (`etl stats`, `etl export`) do not pay for
+torch. The episode export and its `EpisodeDataLoader` live in `etl.export`.
 
     loader = ParquetLoader("parquet/", batch_size=32, seed=0)
     for batch in loader:  # x, y, loss_mask, attention_mask
@@ -35,9 +36,6 @@ _EXPORTS = {
     "BALANCERS": "balance",
     "Ragged": "etl.ragged",  # lives at the top: output/ uses it too
     "TorchCollate": "device",
-    "EpisodeDataLoader": "episode_loader",
-    "TrainingConfig": "training_xml",
-    "export_episodes": "episodes",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,4 +1,4 @@
-"""Seed 002: `etl export --format episodes`, the XML config, EpisodeDataLoader (must-haves)."""
+"""The episode export: `etl export --format episodes`, the XML config, EpisodeDataLoader (must-haves)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ import torch
 
 from etl.cli import main
 from etl.errors import EtlError
-from etl.loader.episode_loader import EpisodeDataLoader
-from etl.loader.training_xml import TrainingConfig
-
-from .conftest import random_examples, write_dst
+from etl.export.episode_loader import EpisodeDataLoader
+from etl.export.training_xml import TrainingConfig
+from tests.loader.conftest import random_examples, write_dst
 
 F, T_ = False, True
 SMALL = [([5, 6, 7], [F, T_, T_]), ([8, 9], [F, T_]), ([1, 2, 3, 4], [F, F, T_, T_]), ([11], [F])]
@@ -39,7 +38,7 @@ def sft(**flags: object) -> TrainingConfig:
     return TrainingConfig(dataset_mode="sft_episode", **flags)  # type: ignore[arg-type]
 
 
-def test_export_writes_the_seed_002_binary_layout(
+def test_export_writes_the_episode_binary_layout(
     episodes: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     train = episodes / "train"
@@ -295,7 +294,7 @@ XML = """<config><model><n_layer>2</n_layer></model><training>
 </training></config>"""
 
 
-def test_xml_config_reads_every_seed_002_flag(tmp_path: Path, episodes: Path) -> None:
+def test_xml_config_reads_every_training_flag(tmp_path: Path, episodes: Path) -> None:
     path = tmp_path / "train.xml"
     path.write_text(XML)
     for source in (XML, path, str(path)):

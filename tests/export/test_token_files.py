@@ -1,4 +1,4 @@
-"""Seed 004 storage formats: `etl.output.storage` bin / h5 export, sharding, `read_bin`, and the CLI."""
+"""The bin/h5 export: `etl.export.token_files` bin / h5 files, sharding, `read_bin`, and the CLI."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ import pytest
 from etl import columns as c
 from etl.cli import main
 from etl.errors import EtlError
+from etl.export.token_files import domain_folder, read_bin, read_meta, write_bin, write_h5
 from etl.output.parquet import DATA_SCHEMA
-from etl.output.storage import domain_folder, read_bin, read_meta, write_bin, write_h5
 from tests.helpers import seal
 
 REPO = Path(__file__).resolve().parents[2]
-PLAIN = ["loss_mask.bin", "meta.json", "offsets.bin", "sequence.bin"]  # one shard: seed names
+PLAIN = ["loss_mask.bin", "meta.json", "offsets.bin", "sequence.bin"]  # one shard: plain names
 F, T = False, True
 # (domain, ids, mask) in Parquet row order; wiki and code interleave across files and row groups.
 ROWS: list[tuple[str | None, list[int], list[bool]]] = [
@@ -100,7 +100,7 @@ def test_bin_round_trips_tokens_masks_and_offsets(dst: Path, tmp_path: Path) -> 
         seq, mask, offsets = read_bin(d)
         assert isinstance(seq, np.memmap) and seq.dtype == np.dtype("<i8")
         assert sequences(seq, mask, offsets) == expected(domain)
-        # The seed's plain reading: raw little-endian int64, shape from meta.json.
+        # The plain reading: raw little-endian int64, shape from meta.json.
         meta = read_meta(d)
         raw = np.memmap(
             d / "sequence.bin", dtype="<i8", mode="r", shape=tuple(meta["sequence"]["shape"])
@@ -186,7 +186,7 @@ def test_out_is_dst_with_awkward_domains_and_weights(tmp_path: Path) -> None:
     rows = [(None, [1, 2], [F, T]), ("", [3], [T]), ("data", [4], [T]), ("a/b", [5], [T])]
     weights = pa.array([[1.0, 2.0], [0.5], [1.0], [3.0]], pa.list_(pa.float32()))
     dst = make_dst(tmp_path / "dst", rows, **{c.LOSS_WEIGHT: weights})
-    counts = write_bin(dst, dst)  # what `etl run` does with storage_format bin
+    counts = write_bin(dst, dst)  # OUT = DST: the bin files next to the run's Parquet
     assert sorted(counts) == ["__default__", "a/b", "data"]
     assert sorted(p.name for p in dst.iterdir()) == [
         "%64ata",

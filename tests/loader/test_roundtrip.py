@@ -12,9 +12,9 @@ import torch
 
 from etl.cli import main
 from etl.columns import INPUT_IDS, LOSS_MASK
+from etl.export.episode_loader import EpisodeDataLoader
+from etl.export.training_xml import TrainingConfig
 from etl.loader.dataloader import ParquetLoader
-from etl.loader.episode_loader import EpisodeDataLoader
-from etl.loader.training_xml import TrainingConfig
 from etl.output.manifest import read_manifest
 
 S = 64

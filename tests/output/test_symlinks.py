@@ -1,7 +1,6 @@
 """No writer goes through a symlink below its folder.
 
-Every writer (`etl run` and its rerun, `etl run` with seed-004 storage, `etl pack`, `etl export` in
-each format) is run with a link planted at each path it would write or delete, pointing into a
+Every writer (`etl run` and its rerun, `etl pack`, `etl export` in each format) is run with a link planted at each path it would write or delete, pointing into a
 sibling folder `outside`: it must exit 2 naming the link, and leave `outside` byte for byte as it
 was. The link's target holds what etl would have deleted or overwritten (the real part files).
 """
@@ -23,12 +22,10 @@ from etl.output.writer import OutputWriter
 from etl.safe_paths import SymlinkRefused
 from tests.commands.test_run_cli import EXAMPLES
 
-STORAGE_CONFIG = {"output": {"storage_format": "bin"}}
 DOMAIN = "__default__"  # examples/raw has no domain key
 # folder -> the command that (re)writes it; {x} are folders of the case's copy of the base.
 WRITERS = {
     "run": ("d", ["run", str(EXAMPLES), "{d}", "--quiet", "--no-cache"]),
-    "storage": ("s", ["run", str(EXAMPLES), "{s}", "--config", "{st}", "--quiet", "--no-cache"]),
     "pack": ("d", ["pack", "{d}", "--strategy", "bfd", "--seq-len", "512"]),
     **{f: (f"o_{f}", ["export", "{d}", f"{{o_{f}}}", "--format", f]) for f in ("episodes", "bin", "h5")},
 }
@@ -47,14 +44,13 @@ CASES = [
         "data", "data/train", "turns", c.REJECTS_DIR, f"data/train/{PART}", f"data/train/.{PART}.tmp",
         c.MANIFEST_FILE, f".{c.MANIFEST_FILE}.tmp", f".{c.CARD_FILE}.tmp", c.LOCK_FILE)],
     ("run", c.STAGING_DIR, "staging"),
-    *[("storage", rel, mode) for rel in (DOMAIN, f"{DOMAIN}/sequence.bin", f"{DOMAIN}/meta.json")
-      for mode in ("rerun", "fresh")],
     *[("pack", rel, "rerun") for rel in (
         "packs", "packs/train", f"packs/train/{PART}", c.PACKS_FILE, c.LOCK_FILE, c.JOURNAL_FILE)],
     *[("pack", rel, "fresh") for rel in ("packs", "packs/train", f"packs/train/{PART}", c.PACKS_FILE)],
     *[(f, rel, mode) for f, rels in (
         ("episodes", ("train", "train/tokens.bin", "train/.mask.bin.tmp", "meta.json")),
-        ("bin", (DOMAIN, f"{DOMAIN}/.offsets-00000.bin.tmp", f"{DOMAIN}/loss_mask.bin")),
+        ("bin", (DOMAIN, f"{DOMAIN}/.offsets-00000.bin.tmp", f"{DOMAIN}/loss_mask.bin",
+                 f"{DOMAIN}/sequence.bin", f"{DOMAIN}/meta.json")),
         ("h5", (DOMAIN, f"{DOMAIN}/.data-00000.h5.tmp", f"{DOMAIN}/data.h5")),
     ) for rel in (*rels, c.EXPORT_FILE, c.LOCK_FILE, c.JOURNAL_FILE) for mode in ("rerun", "fresh")
       if not (mode == "fresh" and rel == c.JOURNAL_FILE)],
@@ -72,17 +68,15 @@ def snapshot(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished run (packed), a storage run and an export in each format of the run."""
+    """A finished run (packed) and an export in each format of the run."""
     base = tmp_path_factory.mktemp("base")
-    (base / "st.json").write_text(json.dumps(STORAGE_CONFIG))
-    for name in ("run", "pack", "storage", "episodes", "bin", "h5"):
+    for name in ("run", "pack", "episodes", "bin", "h5"):
         assert main(_argv(name, base)) == 0, name
     return base
 
 
 def _argv(writer: str, base: Path) -> list[str]:
-    names = {"d": base / "d", "s": base / "s", "st": base / "st.json",
-             **{f"o_{f}": base / f"o_{f}" for f in ("episodes", "bin", "h5")}}
+    names = {"d": base / "d", **{f"o_{f}": base / f"o_{f}" for f in ("episodes", "bin", "h5")}}
     return [a.format(**names) for a in WRITERS[writer][1]]
 
 
@@ -138,7 +132,7 @@ def test_a_writer_with_a_clean_folder_still_works(base: Path, tmp_path: Path) ->
     """The checks refuse links only: every writer reruns over its own output."""
     work = tmp_path / "w"
     shutil.copytree(base, work, symlinks=True)
-    for writer in ("run", "pack", "storage", "episodes", "bin", "h5"):
+    for writer in ("run", "pack", "episodes", "bin", "h5"):
         assert main(_argv(writer, work)) == 0, writer
 
 

@@ -1,0 +1,35 @@
+"""Exports: an `etl run` output rewritten in another training framework's layout (`etl export`).
+
+    episodes.py      the episode export: OUT/<split>/tokens.bin, mask.bin, episodes.idx
+    episode_loader.py + training_xml.py   `EpisodeDataLoader` and its `<training>` XML block
+    token_files.py   the bin/h5 export: OUT/<domain>/meta.json + int64 token files or HDF5
+    shards.py, backends.py   how the bin/h5 export cuts a domain into shards and writes them
+
+Names are imported lazily (PEP 562): `EpisodeDataLoader` needs torch, the exports do not.
+
+    from etl.export import EpisodeDataLoader, TrainingConfig, export_episodes
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "EpisodeDataLoader": "episode_loader",
+    "TrainingConfig": "training_xml",
+    "export_episodes": "episodes",
+    "export_storage": "token_files",
+    "write_bin": "token_files",
+    "write_h5": "token_files",
+    "read_bin": "token_files",
+    "read_meta": "token_files",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'etl.export' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"etl.export.{_EXPORTS[name]}"), name)
