@@ -9,10 +9,10 @@ import sys
 NAME = "config"
 HELP = "print the config file's keys (a Markdown table), or with --schema its JSON Schema"
 DESCRIPTION = """\
-Print every key an `etl run --config` file may hold (seed 004's schema plus etl's sections):
-its type or allowed values, default, overriding flag and meaning. With --schema, print the
-file's JSON Schema (draft 2020-12) instead, for editors to complete and check config files:
-save it and point a JSON file's "$schema" key at it (README "Config files").
+Print every key an `etl run --config` file may hold (the declarative pipeline schema plus etl's
+sections): its type or allowed values, default, overriding flag and meaning. With --schema,
+print the file's JSON Schema (draft 2020-12) instead, for editors to complete and check config
+files: save it and point a JSON file's "$schema" key at it (README "Config files").
 
 examples:
   etl config
@@ -27,13 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the table or the schema; exit 0."""
-    if args.schema:
-        from etl.config.models import json_schema
+    from etl.config.schema import json_schema, markdown_table  # pydantic and DuckDB: only when run
 
+    if args.schema:
         json.dump(json_schema(), sys.stdout, indent=2, ensure_ascii=False)
         sys.stdout.write("\n")
     else:
-        from etl.config.reference import markdown_table
-
         sys.stdout.write(markdown_table())
     return 0

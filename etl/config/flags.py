@@ -1,51 +1,39 @@
 """Command-line flags of the settings, derived from their declarations (etl.config.run_config).
 
-A declared field with `flag=` becomes an argparse option with its choices, type and help
-("doc (default X; key in a config)"). Flags default to None so that a config file's value
-stands unless the flag is given. Light: `etl run --help` imports this, not pydantic.
+A RunConfig field with a flag is an argparse option with its choices, type and help ("doc;
+default X (key in a config)"). Flags default to None, so that a config file's value stands
+unless the flag is given.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 from typing import Any
 
-from etl.config.fields import MIB, Declared, choices, declared, optional, show
+from etl.config.declare import MIB, choices, declared, optional, show
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 
-
-@functools.cache
-def flagged() -> dict[str, Declared]:
-    """attr -> declaration, for the RunConfig fields that have a flag."""
-    return {d.attr: d for d in declared(RunConfig) if d.setting.flag}
+# attr -> (field, key) of the RunConfig fields that have a flag.
+FLAGGED = {attr: (info, k) for attr, info, k in declared(RunConfig) if k.flag}
 
 
-def dest(d: Declared) -> str:
-    """The argparse attribute of a flag: `--max-record-mb` -> max_record_mb."""
-    return str(d.setting.flag).lstrip("-").replace("-", "_")
-
-
-def help_text(d: Declared, default: Any = None) -> str:
-    """'doc; default X (key in a config)', the default in the flag's unit."""
-    value = d.default if default is None else default
-    shown = f"{value / MIB:g} MiB" if d.setting.mib else (value if isinstance(value, str) else show(value))
-    # A command's own default always applies, whatever a config file says.
-    where = f" ({d.setting.path} in a config)" if d.setting.path and default is None else ""
-    return f"{d.setting.doc}; default {shown}{where}"
+def _dest(flag: str | None) -> str:
+    return str(flag).lstrip("-").replace("-", "_")  # `--max-record-mb` -> max_record_mb
 
 
 def add_flags(p: argparse.ArgumentParser, attrs: tuple[str, ...], **defaults: Any) -> None:
     """Add the flags of `attrs`; `defaults` gives a command its own default (then always applied)."""
-    decls = flagged()
     for attr in attrs:
-        d = decls[attr]
-        inner, _ = optional(d.annotation)
-        kind = float if d.setting.mib else (int if inner is int else str)
-        p.add_argument(d.setting.flag, dest=dest(d), type=kind, choices=choices(d.annotation) or None,
-                       default=defaults.get(attr), help=help_text(d, defaults.get(attr)))
+        info, k = FLAGGED[attr]
+        default = defaults.get(attr, info.default)
+        shown = f"{default / MIB:g} MiB" if k.mib else (default if isinstance(default, str) else show(default))
+        where = f" ({k.path} in a config)" if k.path and attr not in defaults else ""
+        kind = float if k.mib else (int if optional(info.annotation)[0] is int else str)
+        p.add_argument(k.flag, dest=_dest(k.flag), type=kind,
+                       choices=choices(info.annotation) or None, default=defaults.get(attr),
+                       help=f"{info.description}; default {shown}{where}")
 
 
 def flag_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -55,15 +43,14 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         EtlError: a MiB flag that is not a positive size.
     """
     out: dict[str, Any] = {}
-    for attr, d in flagged().items():
-        value = getattr(args, dest(d), None)
-        if value is None:
-            continue
-        if d.setting.mib:
-            top = d.setting.limit.lt if d.setting.limit else None  # bytes, exclusive
-            if not (math.isfinite(value) and value * MIB >= 1 and (top is None or value * MIB < top)):
-                most = "" if top is None else f", at most {(top - 1) / MIB:g}"
-                raise EtlError(f"{d.setting.flag} is {value:g}; pass a positive size in MiB{most}")
+    for attr, (info, k) in FLAGGED.items():
+        value = getattr(args, _dest(k.flag), None)
+        if value is not None and k.mib:
+            top = next((m.lt for m in info.metadata if hasattr(m, "lt")), math.inf)  # bytes, exclusive
+            if not (math.isfinite(value) and 1 <= value * MIB < top):
+                most = "" if top == math.inf else f", at most {(top - 1) / MIB:g}"
+                raise EtlError(f"{k.flag} is {value:g}; pass a positive size in MiB{most}")
             value = int(value * MIB)
-        out[attr] = value
+        if value is not None:
+            out[attr] = value
     return out

@@ -3,86 +3,50 @@
 `sources` in a config file is a list of tables (TOML `[[sources]]`). Each names a `path` and may
 set the per-source options of `SOURCE_OPTIONS`; what it leaves out falls back to the file's top
 level, key by key (a source's `input` without a `type` extends the top level's input; with another
-type it stands alone). Run-wide settings (tokenizer, template, seq_len, split, output, dedup)
-stay at the top level. The mixing itself (`weight`, `epochs`, `mix_by`, `mix_total`, `seed`) is
-etl.pipeline.mix_plan's; the declarations here feed the schema, the README table and errors.
+type it stands alone). Run-wide settings (tokenizer, template, seq_len, split, dedup) stay at the
+top level. The keys are declared with the file's (etl.config.file); how the sources are mixed is
+the mixture planner's (etl.mixture); this module resolves the sources.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from etl.config.fields import Limit, setting
+from etl.config.declare import Section, setting
+from etl.config.file import DEFAULT_MASK, SOURCE_OPTIONS, ConfigFile, MixBy, MixTotal
+from etl.errors import EtlError
 
-MixBy = Literal["tokens", "examples"]
-MixTotal = Literal["sum", "first_exhausted", "all_exhausted"]
-POSITIVE_NUMBER = Limit("must be a positive number, got {value}", gt=0)
-# Keys a source may set besides its own (name, path, domain, weight, epochs): per-source options.
-SOURCE_OPTIONS = ("input", "default_system", "mask", "mask_default", "mask_options", "truncation", "max_items")
-# A source's max_items is preprocessing.max_items for its records alone.
-SOURCE_PATHS = {"max_items": ("preprocessing", "max_items")}
 MIX_KEYS = ("sources", "seed", "mix_by", "mix_total")
-# seed 004's `mask` when a file has none: a source's mask rules extend it, role by role.
-DEFAULT_MASK = {"assistant": "train"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
-@dataclass(frozen=True)
-class MixOptions:
-    """Top-level keys of a mixture config."""
-
-    seed: int = setting(0, "seed", "seed of a mixture's draws (which records are kept or repeated)")
-    mix_by: MixBy = setting("tokens", "mix_by", "unit of a mixture's shares: tokens or examples")
-    mix_total: MixTotal = setting(
-        "sum", "mix_total", "a weighted mixture's size: the sources' sum (Mosaic's default), the largest "
-        "no source repeats in (HF interleave first_exhausted), or the smallest that uses every record "
-        "(all_exhausted)")
-
-
-@dataclass(frozen=True)
-class SourceOptions:
-    """The keys of one `sources` entry that are its own (options shared with the top level aside)."""
-
-    path: str = setting("", "sources.path", "the source's file, folder or glob (relative to the working "
-                        "folder, as SRC)")
-    name: str | None = setting(None, "sources.name", "names its records (`source_file` = name/file); "
-                               "default: the path's stem")
-    domain: str | None = setting(None, "sources.domain", "the `domain` of its records; default: its name "
-                                 "(a record's input.domain_key value wins)")
-    weight: float | None = setting(None, "sources.weight", "its share of the output, relative to the other "
-                                   "sources' weights (in mix_by units)", limit=POSITIVE_NUMBER)
-    epochs: float | None = setting(None, "sources.epochs", "repeat factor, fractional allowed (default 1); "
-                                   "with weight: the most a share may repeat the source", limit=POSITIVE_NUMBER)
-
-
-@dataclass(frozen=True)
-class MixSource:
-    """One source of a mixture, resolved: its name, domain, mixing rule and whole run config."""
+class MixSource(Section):
+    """One source of a mixture, resolved from its checked `sources` entry (etl.config.file.SourceKeys):
+    its name, domain, mixing rule (numbers as written) and whole run config."""
 
     name: str
     path: str
     domain: str
-    weight: float | None
-    epochs: float | None
-    config: Any  # RunConfig (etl.config.run_config imports this module)
+    weight: int | float | None
+    epochs: int | float | None
+    config: Any  # its RunConfig (etl.config.run_config imports this module)
 
 
-@dataclass(frozen=True)
-class Mixture:
+class Mixture(Section):
+    """The sources of a mixture and how they are mixed."""
+
     sources: tuple[MixSource, ...]
-    seed: int = 0
-    mix_by: MixBy = "tokens"
-    mix_total: MixTotal = "sum"
+    seed: int = setting(ConfigFile, "seed")
+    mix_by: MixBy = setting(ConfigFile, "mix_by")
+    mix_total: MixTotal = setting(ConfigFile, "mix_total")
 
     def to_json(self) -> dict[str, Any]:
         """For the manifest: each source with its whole config."""
         return {"seed": self.seed, "mix_by": self.mix_by, "mix_total": self.mix_total,
-                "sources": [{**{k: v for k, v in asdict(s).items() if k != "config"}, "config": s.config.to_json()}
-                            for s in self.sources]}
+                "sources": [{**s.model_dump(exclude={"config"}), "config": s.config.to_json()} for s in self.sources]}
 
 
 def default_name(path: str) -> str:
@@ -92,41 +56,24 @@ def default_name(path: str) -> str:
     return stem if _NAME.fullmatch(stem or "") else "source"
 
 
-def check_name(name: str, where: str) -> str:
-    from etl.errors import EtlError
-
-    if not _NAME.fullmatch(name):
-        raise EtlError(f"config: {where}.name {name!r} must be letters, digits, '_', '.' or '-' "
-                       "(it prefixes source_file and ids)")
-    return name
-
-
 def merged_doc(top: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
     """The config document of one source: the top level's, with the entry's options over it key by key."""
     doc = {k: v for k, v in top.items() if k not in MIX_KEYS}
-    for key in SOURCE_OPTIONS:
-        if key not in entry:
-            continue
-        section, name = SOURCE_PATHS.get(key, (None, key))
-        if section is not None:
-            doc[section] = {**doc.get(section, {}), name: entry[key]}
-        elif key == "input":
-            doc[key] = _merged_input(doc.get("input", {}), entry[key])
-        elif key == "mask" and isinstance(entry[key], dict):
-            doc[key] = {**doc.get("mask", DEFAULT_MASK), **entry[key]}
-        elif isinstance(entry[key], dict) and isinstance(doc.get(key), dict):
-            doc[key] = {**doc[key], **entry[key]}
+    for opt in (k for k in SOURCE_OPTIONS if k in entry):
+        value = entry[opt]
+        if opt == "max_items":  # the source's records' preprocessing.max_items
+            doc["preprocessing"] = {**doc.get("preprocessing", {}), opt: value}
+        elif opt == "input" and isinstance(value, dict):  # else the schema says it must be an object
+            top_input = doc.get("input", {})
+            same = value.get("type", top_input.get("type", "chat")) == top_input.get("type", "chat")
+            doc[opt] = {**top_input, **value} if same else value
+        elif opt == "mask" and isinstance(value, dict):
+            doc[opt] = {**doc.get("mask", DEFAULT_MASK), **value}
+        elif isinstance(value, dict) and isinstance(doc.get(opt), dict):
+            doc[opt] = {**doc[opt], **value}
         else:
-            doc[key] = entry[key]
+            doc[opt] = value
     return doc
-
-
-def _merged_input(top: dict[str, Any], own: Any) -> Any:
-    """A source's input over the top level's: extended when of the same type, else on its own."""
-    if not isinstance(own, dict):
-        return own  # the schema check says that input must be an object
-    top_type = top.get("type", "chat")
-    return {**top, **own} if own.get("type", top_type) == top_type else own
 
 
 def mixture_from_doc(doc: dict[str, Any], source_config: Callable[[dict[str, Any]], Any]) -> Mixture:
@@ -136,8 +83,6 @@ def mixture_from_doc(doc: dict[str, Any], source_config: Callable[[dict[str, Any
     Raises:
         EtlError: no sources, weights on some sources only, a bad or repeated name.
     """
-    from etl.errors import EtlError
-
     entries = doc["sources"]
     if not entries:
         raise EtlError("config: sources is empty; list at least one source, or leave sources out and give SRC")
@@ -150,7 +95,10 @@ def mixture_from_doc(doc: dict[str, Any], source_config: Callable[[dict[str, Any
         raise EtlError("config: mix_total sizes a weighted mixture; give the sources weights, or remove it")
     sources: list[MixSource] = []
     for i, entry in enumerate(entries):
-        name = check_name(entry.get("name") or default_name(entry["path"]), f"sources[{i}]")
+        name = entry.get("name") or default_name(entry["path"])
+        if not _NAME.fullmatch(name):
+            raise EtlError(f"config: sources[{i}].name {name!r} must be letters, digits, '_', '.' or '-' "
+                           "(it prefixes source_file and ids)")
         if any(s.name == name for s in sources):
             raise EtlError(f"config: sources[{i}] is named {name!r} like an earlier source; give each "
                            "source a distinct name (it prefixes source_file and ids)")
@@ -160,5 +108,4 @@ def mixture_from_doc(doc: dict[str, Any], source_config: Callable[[dict[str, Any
             raise EtlError(f"{exc} (in sources[{i}], {name})") from None
         sources.append(MixSource(name=name, path=entry["path"], domain=entry.get("domain") or name,
                                  weight=entry.get("weight"), epochs=entry.get("epochs"), config=config))
-    return Mixture(tuple(sources), seed=doc.get("seed", 0), mix_by=doc.get("mix_by", "tokens"),
-                   mix_total=doc.get("mix_total", "sum"))
+    return Mixture(sources=tuple(sources), **{k: doc[k] for k in MIX_KEYS[1:] if k in doc})

@@ -5,7 +5,6 @@ warnings of a parse are given again on a warm run; the manifest counts the chunk
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +13,7 @@ import pytest
 from etl.cache import folder as fo
 from etl.cache.parsed import ParsedChunks, chunk_key
 from etl.config.run_config import RunConfig
-from etl.formats.registry import BuilderQuery, connect, run_builder
+from etl.formats.builders import BuilderQuery, connect, run_builder
 from etl.ingest.discover import discover
 from etl.ingest.reader import read_chunks
 from etl.pipeline.startup import builder_query_for
@@ -27,7 +26,7 @@ def raw_chunks(path: Path, chunk_bytes: int = 1 << 24) -> list[pa.Table]:
 
 
 def query_for(template: str = "chatml", **config: object) -> BuilderQuery:
-    cfg = dataclasses.replace(RunConfig(), template=template, **config)
+    cfg = RunConfig().replace(template=template, **config)
     return builder_query_for(cfg, preset(template))
 
 

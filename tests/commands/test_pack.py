@@ -85,7 +85,8 @@ def test_defaults_seq_len_of_the_run_and_split_choice(dst: Path, capsys: pytest.
         (["--strategy", "bfd", "--split", "test"], "no split test in .*splits present are train, val"),
         (["--strategy", "sequential", "--buffer-docs", "10"], "--buffer-docs applies to --strategy bfd or ffd"),
         (["--strategy", "bfd", "--max-docs-per-bin", "0"], "--max-docs-per-bin must be at least 1"),
-        (["--strategy", "bfd", "--seq-len", "0"], "--seq-len must be at least 1"),
+        (["--strategy", "bfd", "--seq-len", "0"], "--seq-len must be at least 2"),
+        (["--strategy", "bfd", "--seq-len", "1"], "--seq-len must be at least 2"),
     ],
 )
 def test_usage_errors_are_one_line_and_touch_nothing(

@@ -1,4 +1,4 @@
-"""Config files: seed 004's schema runs unchanged, etl sections work, errors name the field."""
+"""Config files: the declarative pipeline schema runs unchanged, etl sections work, errors name the field."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def chat(*turns: tuple[str, str]) -> dict[str, object]:
     return {"messages": [{"role": r, "content": c} for r, c in turns]}
 
 
-def test_seed004_mask_rules_become_trained_roles() -> None:
+def test_mask_rules_become_trained_roles() -> None:
     assert train_roles({"system": "mask", "user": "mask", "assistant": "train"}, "mask", "chat") == ("assistant",)
     assert train_roles({"prompt": "mask", "response": "train"}, "mask", "instruction") == ("assistant",)
     assert train_roles({"user": "mask"}, "train", "chat") == ("system", "assistant", "tool", "text")
@@ -44,7 +44,11 @@ def test_seed004_mask_rules_become_trained_roles() -> None:
         ({"input": {"type": "xml"}}, "input.type is 'xml'; allowed:"),
         ({"truncation": "middle"}, "truncation.policy is 'middle'; allowed: drop_oldest_turns"),
         ({"mask_options": {"eot": "sometimes"}}, "mask_options.eot is 'sometimes'; allowed: turn, last, all, none"),
-        ({"output": {"storage_format": "csv"}}, "output.storage_format is 'csv'; allowed: parquet, bin, h5"),
+        ({"output": {"storage_format": "bin"}}, ("output.storage_format is not a setting of `etl run`: bin/h5 "
+         "token files are written from a finished run by `etl export DST OUT --format bin|h5`")),
+        ({"output": {"max_tokens_per_shard": 10}}, "output.max_tokens_per_shard is not a setting of `etl run`"),
+        ({"output": {"domain_key": "source"}}, ("output.domain_key is not a setting of `etl run`: the record key "
+         "naming each example's domain is input.domain_key")),
         ({"split": {"val_fraction": 1.5}}, "split.val_fraction must be in [0, 1)"),
         ({"preprocessing": {"deduplicate": "false"}}, "preprocessing.deduplicate must be true or false, got 'false'"),
         ({"mask_options": {"last_assistant_only": "no"}}, "mask_options.last_assistant_only must be true or false"),
@@ -90,7 +94,7 @@ def test_toml_config_with_dedup_and_split(tmp_path: Path) -> None:
     assert pq.read_table(again / "data" / "val").column("id") == pq.read_table(out / "data" / "val").column("id")
 
 
-def test_prefix_dedup_is_seed004_first_200_chars(tmp_path: Path) -> None:
+def test_prefix_dedup_is_the_first_200_chars(tmp_path: Path) -> None:
     head = "x" * 300
     src = write(tmp_path / "raw.jsonl", [chat(("user", head + "1"), ("assistant", "a")), chat(("user", head + "2"), ("assistant", "a"))])
     cfg = tmp_path / "cfg.json"
@@ -113,7 +117,7 @@ def test_max_items_stops_reading(tmp_path: Path) -> None:
 def test_config_keys_reach_the_run() -> None:
     kwargs = config_from_dict(json.loads((CONFIGS / "seed004_sft_chat.json").read_text()))
     assert kwargs["seq_len"] == 2048 and kwargs["deduplicate"] is True
-    assert kwargs["storage_format"] == "bin" and kwargs["domain_key"] == "source"
+    assert kwargs["input_options"]["domain_key"] == "source" and "storage_format" not in kwargs
     with pytest.raises(EtlError, match="applies to input.type text only"):
         config_from_dict({"preprocessing": {"min_chars": 5}})
 
@@ -127,12 +131,13 @@ def test_config_keys_reach_the_run() -> None:
         ("seed004_pretraining.json", [{"content": "x" * 60}, {"content": "too short"}], 1),
     ],
 )
-def test_seed004_quick_start_configs_run_unchanged(tmp_path: Path, config: str, records: list[dict[str, object]], written: int) -> None:
-    from etl.output.storage import read_bin
+def test_declarative_quick_start_configs_run_unchanged(tmp_path: Path, config: str, records: list[dict[str, object]], written: int) -> None:
+    from etl.export.token_files import read_bin
 
     src = write(tmp_path / "raw.jsonl", records)
     out = tmp_path / "out"
     assert main(["run", str(src), str(out), "--config", str(CONFIGS / config), "--quiet"]) == 0
+    assert main(["export", str(out), str(out), "--format", "bin"]) == 0  # the bin files, next to the Parquet
     manifest = read_manifest(out)
     assert manifest["counts"]["written"] == written
     data = pq.read_table(out / "data" / "train").to_pylist()
@@ -159,7 +164,7 @@ def test_text_input_keeps_the_first_tokens(tmp_path: Path) -> None:
     cfg.write_text(json.dumps({"input": {"type": "text", "text_key": "content"}, "preprocessing": {"max_seq_len": 40}}))
     assert main(["run", str(src), str(tmp_path / "out"), "--config", str(cfg), "--quiet"]) == 0
     row = pq.read_table(tmp_path / "out" / "data" / "train").to_pylist()[0]
-    assert bytes(row["input_ids"]) == b"A" * 10 + b"B" * 30  # seed 004: the first max_seq_len
+    assert bytes(row["input_ids"]) == b"A" * 10 + b"B" * 30  # the first max_seq_len
 
 
 def test_mask_default_train_without_mask_trains_every_role(tmp_path: Path) -> None:

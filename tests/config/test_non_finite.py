@@ -16,8 +16,8 @@ import pytest
 from etl.cli import main
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
+from etl.mixture.shares import source_targets
 from etl.output.writer import _write_json
-from etl.pipeline.mix_plan import source_targets
 
 
 def _chats(path: Path, n: int) -> str:

@@ -179,7 +179,7 @@ def test_stream_packing_of_an_etl_run_with_a_domain_key(tmp_path: Path) -> None:
                              {"role": "assistant", "content": f"answer {i} " * (i % 7 + 1)}],
                 "source": "math" if i % 5 == 0 else "chat"} for i in range(40)]
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
-    cfg.write_text(json.dumps({"output": {"domain_key": "source"}}))
+    cfg.write_text(json.dumps({"input": {"domain_key": "source"}}))
     dst = tmp_path / "out"
     assert main(["run", str(src), str(dst), "--config", str(cfg), "--template", "post_training",
                  "--quiet"]) == 0

@@ -6,7 +6,6 @@ markers are 256 (system), 257 (user), 258 (assistant) and 259 (end of turn).
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,7 +25,7 @@ def b(text: str) -> list[int]:
 
 
 def run(conv: list[dict[str, object]], **mask: object) -> tuple[list[int], list[bool]]:
-    config = RunConfig(default_system="S", mask=dataclasses.replace(MaskOptions(), **mask))
+    config = RunConfig(default_system="S", mask=MaskOptions().replace(**mask))
     ctx = build_resources(config)
     assert [ctx.tokenizer.special_id(t) for t in ctx.template.template.special_tokens] == [SYS, USR, ASST, EOT]
     msgs = [{"train": None, "weight": None, "reasoning": None, **m} for m in conv]

@@ -35,7 +35,7 @@ from etl.columns import (
     TURN_LEN,
     WINDOW,
 )
-from etl.config.run_config import TRUNCATION_POLICIES
+from etl.config.file import TURN_POLICIES
 from etl.errors import EtlError
 from etl.pipeline.truncation import TRUNCATION_FNS, plan_truncation
 
@@ -157,4 +157,4 @@ def test_unknown_policy_names_the_allowed_ones() -> None:
 
 
 def test_every_configurable_policy_has_a_rule() -> None:
-    assert tuple(TRUNCATION_FNS) == TRUNCATION_POLICIES
+    assert tuple(TRUNCATION_FNS) == TURN_POLICIES
