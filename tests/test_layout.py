@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "etl"
 # modules listed before it). What a newcomer should see in `ls etl/`.
 LAYERS = [
     "errors", "columns", "safe_paths", "ragged", "ui", "formats", "config", "ingest", "tokens", "cache", "output", "packing",
-    "pipeline", "engine", "analysis", "loader", "sft", "torch", "commands", "cli", "__main__",
+    "pipeline", "mixture", "engine", "analysis", "loader", "export", "sft", "torch", "commands", "cli", "__main__",
 ]
 
 
@@ -80,6 +80,6 @@ def test_families_import_only_the_ones_below():
 def test_top_level_shows_the_stage_families():
     folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     assert {"config", "ingest", "formats", "tokens", "pipeline", "output", "analysis", "ui",
-            "loader", "commands", "packing"} <= folders
+            "loader", "export", "commands", "packing", "mixture"} <= folders
     flat = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert flat == ["__init__", "__main__", "cli", "columns", "errors", "ragged", "safe_paths", "sft", "torch"]

@@ -9,18 +9,15 @@ same files, and two Ray runs give byte-identical output whatever order their tas
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from etl import columns as c
 from etl.cache.encoder import EncodeStats
 from etl.engine.chunks import CHUNK, FILE
 from etl.engine.worker import CACHE, COUNTS, PARTS, TIMINGS
-from etl.output.parquet import REJECTS_SCHEMA, write_part
-from etl.output.writer import OutputWriter
+from etl.output.part_writer import PartWriter
 from etl.pipeline.accounting import Counts
 from etl.safe_paths import check_no_symlink
 
@@ -29,15 +26,7 @@ def merge_counts(results: list[dict[str, Any]]) -> Counts:
     """The run's counts: the sum of every chunk's, inputs not read to the end in file order."""
     counts = Counts()
     for result in sorted(results, key=lambda r: (r[FILE], r[CHUNK])):
-        part = json.loads(result[COUNTS])
-        counts.read += part["read"]
-        counts.written += part["written"]
-        counts.truncated += part["truncated"]
-        counts.tokens += part["tokens"]
-        counts.trained_tokens += part["trained_tokens"]
-        counts.dropped.update(part["dropped"])
-        counts.rejected.update(part["rejected"])
-        counts.incomplete += part["incomplete"]
+        counts.add(Counts.from_json(json.loads(result[COUNTS])))
     return counts
 
 
@@ -57,10 +46,9 @@ def merge_cache_stats(results: list[dict[str, Any]]) -> EncodeStats:
     return total
 
 
-def commit_parts(output: OutputWriter, staging: Path, results: list[dict[str, Any]], *,
-                 identity: dict[str, str]) -> None:
-    """Journal each staged part's final name, rename it there and record it; remove staging.
-    `identity`: the run's, which the workers stamped on their parts and the empty rejects part gets.
+def commit_parts(parts: PartWriter, staging: Path, results: list[dict[str, Any]]) -> None:
+    """Journal each staged part's final name, rename it there and record it (`parts.place`);
+    remove staging.
 
     A kill between two renames leaves the journal listing both the staging folder and every final
     name reserved so far: the rerun removes them all, and no manifest was written.
@@ -69,16 +57,7 @@ def commit_parts(output: OutputWriter, staging: Path, results: list[dict[str, An
     for result in results:
         for entry in json.loads(result[PARTS]):
             staged.append(((entry["folder"], result[FILE], result[CHUNK], entry["path"]), entry))
-    numbers: Counter[str] = Counter()
     for (folder, *_), entry in sorted(staged, key=lambda item: item[0]):
-        final = output.reserve(output.root / folder / f"part-{numbers[folder]:05d}.parquet")
-        numbers[folder] += 1
-        final.parent.mkdir(parents=True, exist_ok=True)
-        # the workers' own file, never a link: renaming one would make a link a part
-        os.replace(check_no_symlink(staging / entry["path"], output.root), final)
-        output.add(final, rows=entry["rows"], sha256=entry["sha256"])
-    if not numbers[c.REJECTS_DIR]:  # DESIGN §4 lists _rejects/part-00000: present, empty
-        path = output.reserve(output.root / c.REJECTS_DIR / "part-00000.parquet")
-        write_part(REJECTS_SCHEMA.empty_table(), path, identity=identity)
-        output.add(path, rows=0)
-    shutil.rmtree(check_no_symlink(staging, output.root))
+        parts.place(folder, staging / entry["path"], rows=entry["rows"], sha256=entry["sha256"])
+    assert parts.output is not None
+    shutil.rmtree(check_no_symlink(staging, parts.output.root))

@@ -2,25 +2,35 @@
 
 read (one task per file, etl's reader) -> parse (tasks) -> [dedup: groupby + join, see
 `etl.engine.dedup`] -> plan + assemble + write (actors that load the tokenizer once). Workers
-write parts into DST's journaled staging folder; the driver renames them into place and writes
-the manifest last from the workers' counts (`etl.engine.commit`), so a killed run never looks
-finished and the next run removes what it left.
+write parts into DST's journaled staging folder; `RayEngine` renames them into place from the
+workers' results (`etl.engine.commit`), and the run driver (`etl.pipeline.driver`) writes the
+manifest last from their counts, so a killed run never looks finished and the next run removes
+what it left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from etl.cache.folder import CacheSettings
 from etl.config.run_config import RunConfig
 from etl.engine.ray_connect import connect
 from etl.errors import EtlError
+from etl.ingest.discover import Source
+from etl.output.part_writer import PartWriter, StagedParts
+from etl.pipeline.accounting import Counts, Timings
+from etl.pipeline.driver import RunSource, drive
+
+if TYPE_CHECKING:
+    from etl.cache.parsed import ParsedChunks
+    from etl.pipeline.resources import Resources
 
 # One actor per CPU of the cluster, each tokenizing with one Rust thread: the Python part of a
 # chunk (plan, assemble, write: ~15% of its time) then runs in parallel too, where one actor with
@@ -43,7 +53,7 @@ def _cpus() -> int:
     return int(ray.cluster_resources().get("CPU", 1))
 
 
-def _pipeline(sources: list[Any], res: Any, staging: Path, *, cpus: int, cache: CacheSettings | None,
+def _pipeline(sources: list[Source], res: Resources, staging: Path, *, cpus: int, cache: CacheSettings | None,
               identity: dict[str, str]) -> Any:
     """The Ray dataset of per-chunk results (`etl.engine.worker.RESULT_SCHEMA` rows)."""
     import ray
@@ -82,7 +92,7 @@ def for_workers(config: RunConfig) -> RunConfig:
     directory is its node's (a `ray start` cluster's, not the driver's)."""
     if config.tokenizer == "bytes" or not Path(config.tokenizer).exists():
         return config
-    return dataclasses.replace(config, tokenizer=str(Path(config.tokenizer).absolute()))
+    return config.replace(tokenizer=str(Path(config.tokenizer).absolute()))
 
 
 def worker_error(exc: Exception) -> EtlError:
@@ -94,31 +104,63 @@ def worker_error(exc: Exception) -> EtlError:
                     "at the same absolute paths, with the same etl installed")
 
 
-def _finish(res: Any, sources: list[Any], results: list[dict[str, Any]], output: Any, staging: Path, *,
-            run_id: str) -> dict[str, Any]:
-    """Rename the workers' parts into place, then storage files, the card, the manifest last."""
-    from etl.engine.commit import commit_parts, merge_cache_stats, merge_counts
-    from etl.output.card import write_card
-    from etl.output.parquet import identity_keys
-    from etl.pipeline.resources import manifest_for
+class RayEngine:
+    """Maps chunks to parts on a Ray cluster: workers stage each chunk's parts in DST's journaled
+    staging folder, and the driver renames them into place in (file, chunk) order
+    (`etl.engine.commit`), so DST ends as the local engine leaves it."""
 
-    config = res.config
-    counts = merge_counts(results)
-    assert counts.add_up(), counts
-    commit_parts(output, staging, results, identity=identity_keys(run_id))
-    res.encoder.stats.add(merge_cache_stats(results))  # the workers' cache counts, logged by close
-    res.encoder.close()
-    manifest = manifest_for(res, sources, counts, run_id=run_id)
-    if config.storage_format != "parquet":
-        from etl.output.storage import write_run_storage
+    def __init__(self, address: str | None = None, *, connect_timeout: float | None = None) -> None:
+        self.address, self.connect_timeout = address, connect_timeout
+        self.kept: ParsedChunks | None = None  # the workers keep no parsed chunks, only token ids
+        self.cache: CacheSettings | None = None
+        self.timings = Timings()
 
-        manifest["storage"] = write_run_storage(
-            output.root, manifest, output, storage_format=config.storage_format,
-            max_tokens_per_shard=config.max_tokens_per_shard,
-        )
-    write_card(output, manifest, weights=res.weights)
-    output.commit(manifest)
-    return manifest
+    def paths(self, out: Path, files: list[list[Source]]) -> tuple[Path, list[list[Source]]]:
+        """Absolute paths: workers run elsewhere (a URI SRC's files: workers open them)."""
+        return out.absolute(), [[dataclasses.replace(s, path=s.path.absolute()) for s in fs] for fs in files]
+
+    @contextlib.contextmanager
+    def start(self, config: RunConfig, sources: list[RunSource], files: list[list[Source]], timings: Timings, *,
+              cache: CacheSettings | None, progress: bool) -> Iterator[Resources]:
+        """Join (or start) the cluster while the tokenizer loads; a cluster started here stops on leaving."""
+        import ray
+        from ray.data import DataContext
+
+        from etl.pipeline.resources import build_resources
+
+        self.cache, self.timings = cache, timings
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the tokenizer loads while Ray starts (~0.5 s)
+            loading = pool.submit(build_resources, config, cache=cache)
+            owns_ray = connect(self.address, timeout=self.connect_timeout, quiet=not progress)
+        try:
+            res = loading.result()
+            DataContext.get_current().enable_progress_bars = progress
+            if not progress:  # --quiet: Ray Data's plan and timing lines too
+                logging.getLogger("ray.data").setLevel(logging.ERROR)
+            yield res
+        finally:
+            if owns_ray:
+                ray.shutdown()
+
+    def map_chunks(self, sources: list[RunSource], files: list[list[Source]], res: Resources, parts: PartWriter, *,
+                   progress: bool) -> list[Counts]:
+        """The workers' parts renamed into `parts`, their counts, cache counts and stage seconds merged."""
+        import ray
+
+        from etl.engine.commit import commit_parts, merge_cache_stats, merge_counts, merge_timings
+
+        # `etl run` runs a mixture on the local engine: its staged first pass is the driver's
+        assert len(files) == 1 and not isinstance(parts, StagedParts) and parts.output is not None
+        staging = parts.output.staging()
+        try:
+            results = _pipeline(files[0], res, staging, cpus=_cpus(), cache=self.cache,
+                                identity=parts.identity).take_all()
+        except ray.exceptions.RayError as exc:  # a worker's error, as one line (the journal cleans up)
+            raise worker_error(exc) from exc
+        commit_parts(parts, staging, results)
+        res.encoder.stats.add(merge_cache_stats(results))  # the workers' cache counts, logged by close
+        self.timings.update(merge_timings(results))  # worker seconds per stage
+        return [merge_counts(results)]
 
 
 def run(
@@ -132,46 +174,11 @@ def run(
     be a path (or file:// URI) that every node sees at the same place (shared storage). `cache`:
     the token cache each worker reads and fills at that path on its own node (None: none).
     """
-    import ray
-    from ray.data import DataContext
-
-    from etl.engine.commit import merge_timings
-    from etl.output.parquet import identity_keys
-    from etl.output.writer import OutputWriter
-    from etl.pipeline.resources import build_resources, run_identity
-    from etl.pipeline.run import prepare
-
-    started = time.perf_counter()
-    out, sources, holds_inputs = prepare(src, dst, config, cache=cache)  # a URI SRC: workers open its files
-    out = out.absolute()  # workers run elsewhere: they get absolute paths
-    sources = [dataclasses.replace(s, path=s.path.absolute()) for s in sources]
-    with ThreadPoolExecutor(max_workers=1) as pool:  # the tokenizer loads while Ray starts (~0.5 s)
-        loading = pool.submit(build_resources, config, cache=cache)
-        owns_ray = connect(address, timeout=connect_timeout, quiet=not progress)
-    try:
-        res = loading.result()
-        DataContext.get_current().enable_progress_bars = progress
-        if not progress:  # --quiet: Ray Data's plan and timing lines too
-            logging.getLogger("ray.data").setLevel(logging.ERROR)
-        with OutputWriter(out, kind="run", keep=holds_inputs) as output:
-            staging = output.staging()
-            run_id = run_identity(res, sources)  # the local engine's: same inputs and config, same bytes
-            try:
-                results = _pipeline(sources, res, staging, cpus=_cpus(), cache=cache,
-                                    identity=identity_keys(run_id)).take_all()
-            except ray.exceptions.RayError as exc:  # a worker's error, as one line (the journal cleans up)
-                raise worker_error(exc) from exc
-            manifest = _finish(res, sources, results, output, staging, run_id=run_id)
-    finally:
-        if owns_ray:
-            ray.shutdown()
-    if timings is not None:
-        timings.update(merge_timings(results))
-        timings["total"] = time.perf_counter() - started
-    return {**manifest, "files": output.files()}
+    engine = RayEngine(address, connect_timeout=connect_timeout)
+    return drive([RunSource(src, config)], dst, config, engine, progress=progress, timings=timings, cache=cache)
 
 
-__all__ = ["require_ray", "run"]
+__all__ = ["RayEngine", "require_ray", "run"]
 
 
 def require_ray() -> None:

@@ -2,8 +2,9 @@
 and write its parts into DST's staging folder. Plain Python (no `import ray`): Ray calls these
 through `map_batches`, and tests can call them directly.
 
-Parts are staged as `<staging>/<file>-<chunk>/<folder>/part-<k>.parquet`: names the chunk gives, not
-the worker or the order tasks ran in; the driver renames them into place (`etl.engine.commit`).
+Parts are staged as `<staging>/<file>-<chunk>/<folder>/part-<k>.parquet` (`StagedParts`): names the
+chunk gives, not the worker or the order tasks ran in; the driver renames them into place
+(`etl.engine.commit`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,9 @@ from etl.cache.folder import CacheSettings
 from etl.config.run_config import RunConfig
 from etl.engine.chunks import CHUNK, FILE, ChunkRow, to_ipc
 from etl.formats.base import BuilderQuery
-from etl.formats.registry import run_builder
+from etl.formats.builders import run_builder
 from etl.ingest.discover import Source
-from etl.output.ownership import describe_file
-from etl.output.parquet import write_part
-from etl.pipeline.accounting import Counts
+from etl.output.part_writer import StagedParts
 from etl.pipeline.chunk import RunState, process_chunk, reject_file
 
 COUNTS, PARTS, TIMINGS, CACHE = "counts", "parts", "timings", "token_cache"
@@ -48,27 +46,6 @@ def parse_batch(batch: pa.Table, *, query: BuilderQuery) -> pa.Table:
     return pa.concat_tables(rows)
 
 
-class StagedParts:
-    """`PartWriter`'s interface for one chunk: parts go to the staging folder under names the
-    chunk gives; `entries` describes them (rows, bytes, sha256) for the driver."""
-
-    def __init__(self, staging: Path, file: int, chunk: int, *, identity: dict[str, str]) -> None:
-        self.root = staging / f"{file:06d}-{chunk:06d}"
-        self.identity = identity  # the driver's run identity: every part carries it
-        self.parts: Counter[str] = Counter()
-        self.entries: list[dict[str, Any]] = []
-
-    def count(self, folder: str) -> int:
-        return self.parts[folder]
-
-    def write(self, folder: str, table: pa.Table) -> None:
-        path = self.root / folder / f"part-{self.parts[folder]:03d}.parquet"
-        self.parts[folder] += 1
-        write_part(table, path, identity=self.identity)
-        entry = describe_file(path, self.root.parent, rows=table.num_rows)
-        self.entries.append({**entry, "folder": folder})
-
-
 class EarlierKeys:
     """`Deduplicator`'s interface for one chunk: a record is kept when it is the first of its key
     in the chunk and no earlier chunk (in file order) holds the key; the global groupby
@@ -83,13 +60,6 @@ class EarlierKeys:
         fresh = np.zeros(len(keys), dtype=bool)
         fresh[first] = True
         return fresh & ~np.isin(keys, self.earlier)
-
-
-def counts_json(counts: Counts) -> str:
-    return json.dumps({"read": counts.read, "written": counts.written, "truncated": counts.truncated,
-                       "tokens": counts.tokens, "trained_tokens": counts.trained_tokens,
-                       "dropped": counts.dropped, "rejected": counts.rejected,
-                       "incomplete": counts.incomplete})
 
 
 class ChunkProcessor:
@@ -118,14 +88,15 @@ class ChunkProcessor:
     def process(self, row: ChunkRow, earlier: np.ndarray | None) -> dict[str, Any]:
         """Process one chunk row as the local engine does; its counts, parts and timings."""
         source = self.sources[row.file]
-        parts = StagedParts(self.staging, row.file, row.chunk, identity=self.identity)
-        state = RunState(res=self.res, parts=parts)  # type: ignore[arg-type]  # PartWriter's interface
+        # Staged under names the chunk gives, not the worker or the order tasks ran in.
+        parts = StagedParts(None, self.staging, identity=self.identity, prefix=f"{row.file:06d}-{row.chunk:06d}")
+        state = RunState(res=self.res, parts=parts)
         before = self.res.encoder.flush()
         if earlier is not None:
             state.dedup = EarlierKeys(earlier)  # type: ignore[assignment]  # Deduplicator's interface
         if row.error is not None:
             state.counts.read_per_file[source.name] = row.records_read
-            reject_file(source, row.error, state.counts, parts)  # type: ignore[arg-type]
+            reject_file(source, row.error, state.counts, parts)
         else:
             assert row.table is not None
             process_chunk(source, row.table, state)
@@ -133,9 +104,9 @@ class ChunkProcessor:
         # counts travel with its result (the driver sums them into the manifest).
         cached = self.res.encoder.flush()
         cached.add(before, -1)
-        return {FILE: row.file, CHUNK: row.chunk, COUNTS: counts_json(state.counts),
+        return {FILE: row.file, CHUNK: row.chunk, COUNTS: json.dumps(state.counts.to_json(incomplete=True)),
                 PARTS: json.dumps(parts.entries), TIMINGS: json.dumps(state.timings),
                 CACHE: json.dumps(dataclasses.asdict(cached))}
 
 
-__all__ = ["ChunkProcessor", "EarlierKeys", "StagedParts", "parse_batch", "to_ipc"]
+__all__ = ["ChunkProcessor", "EarlierKeys", "parse_batch", "to_ipc"]

@@ -1,8 +1,8 @@
 """The second pass of a mixture: read back each source's staged parts, draw, and write the mixed ones.
 
-Pass one (etl.pipeline.mixture) writes every source's examples to the staging folder as a plain
+Pass one (`etl.mixture.run`) writes every source's examples to the staging folder as a plain
 run would. Here each source's sizes (id, tokens, trained tokens: ~40 B per example, read column by
-column) give its units; `etl.pipeline.mix_plan` sets how many copies of each record to keep, from
+column) give its units; `etl.mixture.shares` sets how many copies of each record to keep, from
 an MD5 draw of (seed, id), stable across machines and versions like the split draw. Each staged
 part is then rewritten once with its rows taken `copies` times: copy k > 1 of a record gets id
 `<id>#k`, in `data` and in `turns`, and stays in its record's split (no train/val leak).
@@ -22,10 +22,10 @@ import pyarrow.parquet as pq
 
 from etl import columns as c
 from etl.config.mixture import Mixture
+from etl.mixture.shares import copies, source_targets
+from etl.mixture.summary import Staged, entry, shares_realised
 from etl.output.part_writer import PartWriter, StagedParts
 from etl.pipeline.accounting import Counts
-from etl.pipeline.mix_plan import copies, source_targets
-from etl.pipeline.mix_summary import Staged, entry, shares_realised
 
 SIZE_COLUMNS = [c.ID, c.NUM_TOKENS, c.NUM_TRAINED, c.TRUNCATED]
 DRAW_SQL = "select md5_number_lower($seed || '/mix/' || id) as draw from sizes"

@@ -55,7 +55,9 @@ class Counts:
         self.read_per_file.update(other.read_per_file)
         self.incomplete += other.incomplete
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, incomplete: bool = False) -> dict[str, Any]:
+        """The manifest's `counts`; `incomplete`: with the inputs not read to their end too, as a Ray
+        worker's counts travel to the driver (the manifest lists those apart, `incomplete_inputs`)."""
         return {
             **({} if self.repeated is None else {"repeated": self.repeated}),
             "read": self.read,
@@ -65,7 +67,16 @@ class Counts:
             "rejected": {k: v for k, v in sorted(self.rejected.items()) if v},
             "tokens": self.tokens,
             "trained_tokens": self.trained_tokens,
+            **({"incomplete": self.incomplete} if incomplete else {}),
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Counts:
+        """The counts `to_json` wrote (a Ray worker's, `incomplete` included)."""
+        return cls(read=data["read"], written=data["written"], truncated=data["truncated"], tokens=data["tokens"],
+                   trained_tokens=data["trained_tokens"], repeated=data.get("repeated"),
+                   dropped=Counter(data["dropped"]), rejected=Counter(data["rejected"]),
+                   incomplete=list(data.get("incomplete", [])))
 
 
 class Timings(Counter[str]):

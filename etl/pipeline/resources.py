@@ -15,7 +15,7 @@ from etl.cache.encoder import Encoder
 from etl.cache.folder import CacheSettings
 from etl.config.run_config import MaskOptions, RunConfig
 from etl.errors import EtlError
-from etl.formats.registry import BUILDERS, BuilderQuery, connect
+from etl.formats.builders import BUILDERS, BuilderQuery, connect
 from etl.ingest.discover import Source
 from etl.output.parquet import identity_of
 from etl.pipeline.accounting import Counts
@@ -46,9 +46,7 @@ class Resources:
         """Mask options with the template's default for training the assistant header."""
         if self.config.mask.train_header is not None:
             return self.config.mask
-        return dataclasses.replace(
-            self.config.mask, train_header=self.template.template.train_header
-        )
+        return self.config.mask.replace(train_header=self.template.template.train_header)
 
     @property
     def weights(self) -> bool:

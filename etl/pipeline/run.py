@@ -1,8 +1,9 @@
-"""`etl run`: stream every input file chunk by chunk through the pipeline and write DST.
+"""`etl run` on this machine: the local engine, and `run`, a plain run on it.
 
 Per chunk (`etl.pipeline.chunk`): parse + validate (DuckDB, on the prefetch thread) -> plan
 turns (Polars lazy, collected once) -> assemble token lists (numpy) -> write `data`, `turns`,
-`_rejects` parts. The manifest, with the counts that must add up, is written last.
+`_rejects` parts. The driver (`etl.pipeline.driver`) writes the manifest, with the counts that
+must add up, last.
 
 Start-up: this module imports only what parsing needs. The prefetch thread starts parsing
 the first chunk before the per-chunk modules (Polars) are imported and the tokenizer is
@@ -11,8 +12,9 @@ loaded, so those ~0.4 s overlap DuckDB's parse (`etl run --timings` shows `start
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,21 +23,15 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import pyarrow as pa
 
-from etl import columns as c
-from etl.cache.apart import check_apart
 from etl.cache.parsed import ParsedChunks, open_parsed
 from etl.config.run_config import RunConfig
-from etl.errors import EtlError
-from etl.formats.registry import BuilderQuery, connect, run_builder
-from etl.ingest.discover import Source, UnreadableFile, discover, is_uri, source_root
+from etl.formats.builders import BuilderQuery, connect, run_builder
+from etl.ingest.discover import Source, UnreadableFile
 from etl.ingest.prefetch import Prefetch
 from etl.ingest.reader import read_chunks, run_first_bytes
-from etl.output.card import write_card
-from etl.output.ownership import check_inputs, check_target
-from etl.output.parquet import REJECTS_SCHEMA, identity_keys
-from etl.output.part_writer import PartWriter
-from etl.output.writer import OutputWriter
+from etl.output.part_writer import PartWriter, StagedParts
 from etl.pipeline.accounting import Counts, Timings
+from etl.pipeline.driver import RunSource, drive
 from etl.pipeline.startup import (
     STARTUP,
     builder_query_for,
@@ -50,7 +46,7 @@ if TYPE_CHECKING:
     from etl.pipeline.chunk import RunState
     from etl.pipeline.resources import Resources
 
-__all__ = ["run"]
+__all__ = ["LocalEngine", "run"]
 
 # Seconds the main thread waits for the first chunk's parse to start before it loads Polars and
 # the tokenizer anyway (input on slow storage: then reading does not hold the GIL).
@@ -106,33 +102,6 @@ def parsed_chunks(
         parsing.set()  # nothing (more) to parse: the main thread must not wait for it
 
 
-def _inputs(src: str, out: Path, *, storage: bool) -> tuple[list[Source], list[Path]]:
-    """The input files, and the entries of DST that hold them when SRC lies inside DST.
-
-    DST is never read as input: when it lies inside SRC its files are skipped. SRC may be a URI:
-    `file://` is its path; another filesystem's (s3://, gs://...) is listed through pyarrow and
-    cannot hold DST, a local folder.
-    """
-    if is_uri(src):
-        from etl.ingest.location import local_or_none
-
-        if (path := local_or_none(src)) is None:
-            from etl.ingest.objects import discover_objects
-
-            return discover_objects(src), []
-        src = path
-    root = source_root(src)
-    src_inside = check_inputs(out, root, storage=storage)
-    sources = discover(src)
-    if src_inside:
-        return sources, [out / root.resolve().relative_to(out.resolve()).parts[0]]
-    dst = out.resolve()
-    sources = [s for s in sources if dst not in s.path.resolve().parents]
-    if not sources:
-        raise EtlError(f"no input files in {src} besides etl's own output in {out}")
-    return sources, []
-
-
 def process(sources: list[Source], parsed: Prefetch[Item], state: RunState, *, progress: bool) -> None:
     """Every chunk of every input through the pipeline, with the write thread and the bar."""
     from etl.pipeline.chunk import process_chunk, reject_file
@@ -151,82 +120,12 @@ def process(sources: list[Source], parsed: Prefetch[Item], state: RunState, *, p
                 bar.update(counts.read, counts.tokens)
 
 
-def write_empty_rejects(parts: PartWriter) -> None:
-    """DESIGN §4 lists _rejects/part-00000: present, and empty when nothing was rejected."""
-    if not parts.count(c.REJECTS_DIR):
-        parts.write(c.REJECTS_DIR, REJECTS_SCHEMA.empty_table())
-
-
 def _resources(config: RunConfig, **early: Any) -> Resources:
     """Import the per-chunk modules (Polars) and load the tokenizer: ~0.4 s with Qwen2.5, which
     `run` spends while the prefetch thread parses the first chunk."""
     from etl.pipeline.resources import build_resources
 
     return build_resources(config, **early)
-
-
-def finish(res: Resources, sources: list[Source], counts: Counts, output: OutputWriter,
-           config: RunConfig, kept: ParsedChunks | None = None, *, run_id: str, **extra: Any) -> dict[str, Any]:
-    """Storage files, the dataset card, and the manifest last (the run is finished only then);
-    `kept`: the parsed chunks the token cache served or took; `run_id`: the identity its parts
-    carry; `extra`: more top-level keys of the manifest (a mixture's)."""
-    from etl.pipeline.resources import manifest_for
-
-    assert counts.add_up(), counts
-    res.encoder.close()  # the token cache's new segments, before the manifest that counts them
-    manifest = {**manifest_for(res, sources, counts, run_id=run_id), **extra}
-    if kept is not None and "token_cache" in manifest:
-        manifest["token_cache"]["parsed_chunks"] = kept.summary()
-    if config.storage_format != "parquet":  # seed 004's bin/h5 next to the Parquet; numpy-only
-        from etl.output.storage import write_run_storage
-
-        manifest["storage"] = write_run_storage(
-            output.root, manifest, output, storage_format=config.storage_format,
-            max_tokens_per_shard=config.max_tokens_per_shard,
-        )
-    write_card(output, manifest, weights=res.weights)  # for `datasets.load_dataset(DST)`: lists the parts
-    output.commit(manifest)
-    return manifest
-
-
-def _target(dst: str) -> Path:
-    """DST's folder: a path, or a file:// URI's path (an object store is refused, saying why)."""
-    if is_uri(dst):
-        from etl.ingest.location import local_path
-
-        dst = local_path(dst, what="DST")
-    out = Path(dst)
-    if out.exists() and not out.is_dir():
-        raise EtlError(f"DST {dst} is a file; pass a folder (it is created if missing)")
-    return out
-
-
-def prepare(src: str, dst: str, config: RunConfig, *, cache: CacheSettings | None = None,
-            ) -> tuple[Path, list[Source], list[Path]]:
-    """What both engines check before any work: DST's folder, the token cache apart from SRC and
-    DST, SRC's input files, the entries of DST that hold them (`_inputs`), DST writable by etl,
-    and h5py when h5 storage is asked for.
-
-    Raises:
-        EtlError: in milliseconds, before the tokenizer loads or Ray starts.
-    """
-    out, (sources,), holds_inputs = prepare_all([src], dst, config, cache=cache)
-    return out, sources, holds_inputs
-
-
-def prepare_all(srcs: list[str], dst: str, config: RunConfig, *, cache: CacheSettings | None = None,
-                ) -> tuple[Path, list[list[Source]], list[Path]]:
-    """`prepare` for several SRCs (a mixture's sources): the input files of each."""
-    out = _target(dst)
-    found = [_inputs(src, out, storage=config.storage_format != "parquet") for src in srcs]
-    check_apart(cache, srcs, out, tokenizer=config.tokenizer)  # before the cache or DST is made
-    holds_inputs = [path for _, holds in found for path in holds]
-    check_target(out, keep=holds_inputs)
-    if config.storage_format == "h5":  # a missing h5py fails now, not after tokenizing it all
-        from etl.output.storage_backends import require_h5py
-
-        require_h5py()
-    return out, [sources for sources, _ in found], holds_inputs
 
 
 def start_parsing(
@@ -260,37 +159,64 @@ def start_parsing(
         raise
 
 
+class LocalEngine:
+    """Maps chunks to parts in this process: each source's files parsed on the prefetch thread,
+    planned and assembled on the main thread, their parts written on a background thread."""
+
+    def __init__(self) -> None:
+        self.kept: ParsedChunks | None = None
+        self.timings = Timings()
+        self.parsing = threading.Event()  # set once: `startup` is the first source's first parse
+        self.first: Prefetch[Item] | None = None
+
+    def paths(self, out: Path, files: list[list[Source]]) -> tuple[Path, list[list[Source]]]:
+        return out, files
+
+    @contextlib.contextmanager
+    def start(self, config: RunConfig, sources: list[RunSource], files: list[list[Source]], timings: Timings, *,
+              cache: CacheSettings | None, progress: bool) -> Iterator[Resources]:
+        """Parse the first source's first chunk while the tokenizer loads; close the token cache
+        when leaving, even on an error (what a failed run tokenized is still right)."""
+        tune_malloc()
+        self.timings = timings
+        self.kept = open_parsed(cache, config.tokenizer)
+        self.first, res = start_parsing(config, files[0], timings, self.parsing, reads=sources[0].config,
+                                        cache=cache, kept=self.kept)
+        with res.encoder, self.first:
+            yield res
+        timings.update(res.encoder.saving())  # `--timings`: the seconds the token cache saved
+
+    def map_chunks(self, sources: list[RunSource], files: list[list[Source]], res: Resources, parts: PartWriter, *,
+                   progress: bool) -> list[Counts]:
+        from etl.pipeline.chunk import RunState  # Polars: imported while the first chunk parses
+
+        # Dedup (when asked) and the once-per-run warnings span every source of a mixture.
+        state = RunState(res=res, parts=parts, timings=self.timings)
+        return [self._map_source(index, source, fs, state, progress=progress)
+                for index, (source, fs) in enumerate(zip(sources, files, strict=True))]
+
+    def _map_source(self, index: int, source: RunSource, files: list[Source], state: RunState, *,
+                    progress: bool) -> Counts:
+        """One source's chunks through the pipeline with its own config and domain; its counts."""
+        from etl.pipeline.resources import resources_for
+
+        res = state.res if source.config is state.res.config else resources_for(state.res, source.config)
+        if isinstance(state.parts, StagedParts):
+            state.parts.prefix = source.name  # a mixture stages each source's parts apart
+        mine = dataclasses.replace(state, res=res, counts=Counts(), domain=source.domain)
+        parsed = self.first if index == 0 else Prefetch(parsed_chunks(
+            files, source.config, res.builder_query(), res.con.cursor(), self.timings, self.parsing, self.kept))
+        assert parsed is not None
+        with parsed as items:
+            process(files, items, mine, progress=progress)
+        return mine.counts
+
+
 def run(
     src: str, dst: str, config: RunConfig, *, progress: bool = True, timings: Counter[str] | None = None,
     cache: CacheSettings | None = None,
 ) -> dict[str, Any]:
-    """Run the whole pipeline from SRC to DST; returns the manifest it wrote.
-
-    DST must be new, empty or an earlier etl output; the run holds DST's lock throughout and
-    removes only the files the previous manifest (or an interrupted run's journal) lists.
-    `timings`, when given, receives wall seconds per stage (kept out of the manifest, which
-    must be byte-identical across runs). `cache`: the token cache (None: none; `etl run` passes
-    its flags' and environment's, `CacheSettings.resolve`).
-    """
-    out, sources, holds_inputs = prepare(src, dst, config, cache=cache)
-    started = time.perf_counter()
-    tune_malloc()
-    run_timings = Timings()
-    parsing = threading.Event()
-    kept = open_parsed(cache, config.tokenizer)
-    first, res = start_parsing(config, sources, run_timings, parsing, cache=cache, kept=kept)
-    with res.encoder, first as parsed, OutputWriter(out, kind="run", keep=holds_inputs) as output:
-        from etl.pipeline.chunk import RunState
-        from etl.pipeline.resources import run_identity
-
-        run_id = run_identity(res, sources)  # every part carries it; the manifest records it
-        state = RunState(res=res, parts=PartWriter(output, identity=identity_keys(run_id)), timings=run_timings)
-        process(sources, parsed, state, progress=progress)
-        write_empty_rejects(state.parts)
-        manifest = finish(res, sources, state.counts, output, config, kept, run_id=run_id)
-    if timings is not None:
-        timings.update(state.timings)
-        timings["total"] = time.perf_counter() - started
-        timings.update(res.encoder.saving())
-    return {**manifest, "files": output.files()}
-
+    """Run the whole pipeline from SRC to DST on this machine; returns the manifest it wrote
+    (`etl.pipeline.driver.drive`, whose `timings` and `cache` these are)."""
+    return drive([RunSource(src, config)], dst, config, LocalEngine(), progress=progress, timings=timings,
+                 cache=cache)

@@ -102,7 +102,7 @@ def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def add_default_system(turns: pl.LazyFrame, *, enabled: bool, tools: bool = False) -> pl.LazyFrame:
-    """Seed 000: a conversation without a leading system turn gets one (content filled later).
+    """Default system turn: a conversation without a leading system turn gets one (content filled later).
 
     With `tools` (the template renders tool lists) a conversation with tools and no system turn
     gets one too, holding the list (`etl.pipeline.tools.glue_texts`).
@@ -192,8 +192,8 @@ def attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFra
 def mark_training(turns: pl.LazyFrame, opts: MaskOptions) -> pl.LazyFrame:
     """Per-turn flags: is the header / content / end-of-turn of this turn trained?
 
-    Role rules give the default; a message's own `train` field overrides it (seed 004 /
-    LLaMA-Factory style), a weight of 0 turns it off, and `last_assistant_only` / the
+    Role rules give the default; a message's own `train` field overrides it
+    (LLaMA-Factory style), a weight of 0 turns it off, and `last_assistant_only` / the
     end-of-turn policy narrow it.
     """
     is_assistant = pl.col(ROLE) == "assistant"
@@ -218,7 +218,7 @@ def mark_training(turns: pl.LazyFrame, opts: MaskOptions) -> pl.LazyFrame:
 
 
 def require_complete_user(turns: pl.LazyFrame) -> pl.LazyFrame:
-    """Seed 001: an assistant turn trains only when a whole user turn precedes it in its unit.
+    """Complete-user rule: an assistant turn trains only when a whole user turn precedes it in its unit.
 
     Runs after truncation: a user turn cut by the hard cut (it starts before the window) is
     incomplete, and so is a unit with no user turn at all.

@@ -12,7 +12,7 @@ import os
 import time
 
 from etl.config.run_config import RunConfig
-from etl.formats.registry import BuilderQuery, build_query
+from etl.formats.builders import BuilderQuery, build_query
 from etl.tokens.templates import HF, Template, preset
 
 # `etl run --timings` key: seconds from the process's start to the first record's parse.

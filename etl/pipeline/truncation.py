@@ -1,4 +1,4 @@
-"""Truncation planning (DESIGN §5): which whole turns stay, and the kept window of each conversation.
+"""Truncation planning (README: Semantics): which whole turns stay, and each conversation's window.
 
 Input: one row per turn, sorted by `CONV` and `TURN_INDEX`, with `ROLE` and the piece lengths
 (`HEADER_LEN`, `CONTENT_LEN`, `END_LEN`, `SEP_LEN`, `TURN_LEN`), as `etl.pipeline.stages` builds
@@ -97,7 +97,7 @@ def _end_at_final_eot(seq_len: int) -> pl.Expr:
 
 
 def drop_oldest_turns(*, seq_len: int, fixed: int) -> Rule:
-    """Seed 000: drop whole oldest units after the system turn until the rest fits, then cut.
+    """Whole-turn truncation: drop whole oldest units after the system turn until the rest fits, then cut.
 
     Never drops the unit of the final assistant turn; a hard left cut then keeps the final
     end-of-turn (`_end_at_final_eot`). The fit is measured up to that end-of-turn: what
@@ -124,7 +124,7 @@ def drop_oldest_turns(*, seq_len: int, fixed: int) -> Rule:
 
 
 def keep_prefix(*, seq_len: int, fixed: int) -> Rule:
-    """Seed 001's length filter: keep the longest prefix of whole units that fits.
+    """The post-training length filter: keep the longest prefix of whole units that fits.
 
     When the first unit does not fit next to the system turn, the conversation is dropped
     (`first_pair_too_long`).
@@ -144,7 +144,7 @@ def keep_prefix(*, seq_len: int, fixed: int) -> Rule:
 
 
 def right(*, seq_len: int, fixed: int) -> Rule:
-    """Seed 004: keep the first seq_len tokens, wherever the cut falls.
+    """Token-level `t[:S]` truncation: keep the first seq_len tokens, wherever the cut falls.
 
     Trade-off: the cheapest rule and no conversation is lost, but the cut may fall inside a
     turn and take the final answer and its end-of-turn with it (the model never sees the
@@ -172,7 +172,7 @@ def drop(*, seq_len: int, fixed: int) -> Rule:
     )
 
 
-# Names as in `RunConfig.truncation` (`etl.config.run_config.TRUNCATION_POLICIES`).
+# The run's turn policies: names as in `RunConfig.truncation` (`etl.config.file.TURN_POLICIES`).
 TRUNCATION_FNS: dict[str, TruncationFn] = {
     "drop_oldest_turns": drop_oldest_turns,
     "keep_prefix": keep_prefix,

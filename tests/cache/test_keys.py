@@ -122,7 +122,7 @@ def test_content_keys_keep_row_order_over_parallel_batches(con: duckdb.DuckDBPyC
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch cut in several record batches for DuckDB's threads (small SPLIT_ROWS, many rows,
     a sliced input) still gives row i the MD5 of text i."""
-    from etl.formats import registry
+    from etl.formats import builders as registry
 
     monkeypatch.setattr(registry, "SPLIT_ROWS", 16)
     monkeypatch.setattr(registry.os, "cpu_count", lambda: 4)

@@ -1,4 +1,4 @@
-"""The mixture's arithmetic (etl.pipeline.mix_plan) against hand-worked values and properties."""
+"""The mixture's arithmetic (etl.mixture.shares) against hand-worked values and properties."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from etl.pipeline.mix_plan import copies, source_targets
+from etl.mixture.shares import copies, source_targets
 
 UNITS = np.array([1000.0, 200.0, 800.0])  # tokens of three sources
 WEIGHTS = np.array([5.0, 3.0, 2.0])  # 50/30/20

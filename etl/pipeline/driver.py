@@ -1,0 +1,217 @@
+"""The one run driver: a plain run, a mixture and a run on Ray all go through `drive`.
+
+A run is a list of sources (`RunSource`; a plain run is a mixture of one) and an engine that maps
+their chunks to parts (`LocalEngine` in `etl.pipeline.run`, `RayEngine` in `etl.engine.ray_run`).
+`drive` takes the same four steps for every run:
+
+1. prepare: DST's folder, each source's input files, the token cache apart from both, DST
+   writable by etl; an error here comes in milliseconds, before the tokenizer loads or Ray starts;
+2. start: the engine loads the run's resources (the local engine parses the first chunk meanwhile);
+3. map: under DST's lock, the engine runs every chunk of every source through the pipeline into
+   parts: in place, or staged when a second pass (a mixture's) reads them back and rewrites them;
+4. finish: the second pass, the empty rejects part, the dataset card, and the manifest last: the
+   run is finished only then (a crash before it leaves the journal, and the next run cleans up).
+
+The driver gets a finished, frozen `RunConfig`; it reads no flags and no config files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from etl import columns as c
+from etl.cache.apart import check_apart
+from etl.config.run_config import RunConfig
+from etl.errors import EtlError
+from etl.ingest.discover import Source, discover, is_uri, source_root
+from etl.output.card import write_card
+from etl.output.ownership import check_inputs, check_target
+from etl.output.parquet import REJECTS_SCHEMA, identity_keys
+from etl.output.part_writer import PartWriter, StagedParts
+from etl.output.writer import OutputWriter
+from etl.pipeline.accounting import Counts, Timings
+from etl.safe_paths import check_no_symlink
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from etl.cache.folder import CacheSettings
+    from etl.cache.parsed import ParsedChunks
+    from etl.pipeline.resources import Resources
+
+__all__ = ["Engine", "RunSource", "SecondPass", "drive"]
+
+
+@dataclass(frozen=True)
+class RunSource:
+    """One source of a run: its SRC and the config its records are read with (a mixture's own
+    input type, masks, truncation, max_items...). `name` prefixes its files' names (a mixture's;
+    "" in a plain run); `domain`: its records' when they carry no domain key's value."""
+
+    path: str
+    config: RunConfig
+    name: str = ""
+    domain: str = c.DEFAULT_DOMAIN
+
+    def named(self, files: list[Source]) -> list[Source]:
+        """Its input files, named `<source>/<file>` in a mixture (their records' `source_file`)."""
+        if not self.name:
+            return files
+        return [dataclasses.replace(f, name=f"{self.name}/{f.name}") for f in files]
+
+
+class Engine(Protocol):
+    """What maps a run's chunks to parts: this process (`LocalEngine`) or a Ray cluster (`RayEngine`)."""
+
+    kept: ParsedChunks | None  # the token cache's parsed chunks it served or took (the manifest counts them)
+
+    def paths(self, out: Path, files: list[list[Source]]) -> tuple[Path, list[list[Source]]]:
+        """DST and the input files as the engine's workers open them."""
+        ...
+
+    def start(self, config: RunConfig, sources: list[RunSource], files: list[list[Source]], timings: Timings, *,
+              cache: CacheSettings | None, progress: bool) -> AbstractContextManager[Resources]:
+        """Load the run's resources (and start on the first source); leaving it stops what it started."""
+        ...
+
+    def map_chunks(self, sources: list[RunSource], files: list[list[Source]], res: Resources, parts: PartWriter, *,
+                   progress: bool) -> list[Counts]:
+        """Every chunk of every source through the pipeline into `parts`; each source's counts."""
+        ...
+
+
+# A mixture's second pass: (the staged parts, each source's counts, DuckDB, DST's parts) ->
+# (the manifest's `mixture` section, the run's counts).
+SecondPass = Callable[[StagedParts, list[Counts], "duckdb.DuckDBPyConnection", PartWriter],
+                      tuple[dict[str, Any], Counts]]
+
+
+def drive(
+    sources: list[RunSource], dst: str, config: RunConfig, engine: Engine, *, mix: SecondPass | None = None,
+    progress: bool = True, timings: Counter[str] | None = None, cache: CacheSettings | None = None,
+) -> dict[str, Any]:
+    """Run `sources` into DST on `engine` (`mix`: a mixture's second pass); returns the manifest
+    it wrote, with its `files`.
+
+    DST must be new, empty or an earlier etl output; the run holds DST's lock throughout and
+    removes only the files the previous manifest (or an interrupted run's journal) lists.
+    `timings`, when given, receives wall seconds per stage (kept out of the manifest, which must
+    be byte-identical across runs). `cache`: the token cache (None: none; `etl run` passes its
+    flags' and environment's, `CacheSettings.resolve`).
+    """
+    out, found, holds_inputs = prepare([s.path for s in sources], dst, config, cache=cache)
+    out, files = engine.paths(out, [s.named(fs) for s, fs in zip(sources, found, strict=True)])
+    inputs = [f for fs in files for f in fs]
+    started = time.perf_counter()
+    run_timings = Timings()
+    with (engine.start(config, sources, files, run_timings, cache=cache, progress=progress) as res,
+          OutputWriter(out, kind="run", keep=holds_inputs) as output):
+        from etl.pipeline.resources import run_identity
+
+        run_id = run_identity(res, inputs)  # every part carries it (the staged ones too); the manifest records it
+        identity = identity_keys(run_id)
+        parts = (PartWriter(output, identity=identity) if mix is None
+                 else StagedParts(output, output.staging(), identity=identity))
+        per_source = engine.map_chunks(sources, files, res, parts, progress=progress)
+        extra: dict[str, Any] = {}
+        if mix is None:
+            counts = Counts()
+            for part in per_source:
+                counts.add(part)
+        else:
+            with run_timings.timed("mix"):
+                extra["mixture"], counts = mix(parts, per_source, res.con, PartWriter(output, identity=identity))
+        write_empty_rejects(parts)
+        if isinstance(parts, StagedParts):  # journaled: a crash before this leaves it for the next run to remove
+            shutil.rmtree(check_no_symlink(parts.staging, output.root))
+        manifest = finish(res, inputs, counts, output, engine.kept, run_id=run_id, **extra)
+    if timings is not None:
+        timings.update(run_timings)
+        timings["total"] = time.perf_counter() - started
+    return {**manifest, "files": output.files()}
+
+
+def write_empty_rejects(parts: PartWriter) -> None:
+    """The output's layout has _rejects/part-00000: present, and empty when nothing was rejected."""
+    if not parts.count(c.REJECTS_DIR):
+        parts.write(c.REJECTS_DIR, REJECTS_SCHEMA.empty_table())
+
+
+def finish(res: Resources, inputs: list[Source], counts: Counts, output: OutputWriter,
+           kept: ParsedChunks | None = None, *, run_id: str, **extra: Any) -> dict[str, Any]:
+    """The dataset card, and the manifest last (the run is finished only then); `kept`: the
+    parsed chunks the token cache served or took; `run_id`: the identity the parts carry;
+    `extra`: more top-level keys of the manifest (a mixture's)."""
+    from etl.pipeline.resources import manifest_for
+
+    assert counts.add_up(), counts
+    res.encoder.close()  # the token cache's new segments, before the manifest that counts them
+    manifest = {**manifest_for(res, inputs, counts, run_id=run_id), **extra}
+    if kept is not None and "token_cache" in manifest:
+        manifest["token_cache"]["parsed_chunks"] = kept.summary()
+    write_card(output, manifest, weights=res.weights)  # for `datasets.load_dataset(DST)`: lists the parts
+    output.commit(manifest)
+    return manifest
+
+
+def prepare(srcs: list[str], dst: str, config: RunConfig, *, cache: CacheSettings | None = None,
+            ) -> tuple[Path, list[list[Source]], list[Path]]:
+    """What every run checks before any work: DST's folder, the input files of each SRC, the
+    token cache apart from SRC and DST, the entries of DST that hold inputs, DST writable by etl.
+
+    Raises:
+        EtlError: in milliseconds, before the tokenizer loads or Ray starts.
+    """
+    out = _target(dst)
+    found = [_inputs(src, out) for src in srcs]
+    check_apart(cache, srcs, out, tokenizer=config.tokenizer)  # before the cache or DST is made
+    holds_inputs = [path for _, holds in found for path in holds]
+    check_target(out, keep=holds_inputs)
+    return out, [sources for sources, _ in found], holds_inputs
+
+
+def _target(dst: str) -> Path:
+    """DST's folder: a path, or a file:// URI's path (an object store is refused, saying why)."""
+    if is_uri(dst):
+        from etl.ingest.location import local_path
+
+        dst = local_path(dst, what="DST")
+    out = Path(dst)
+    if out.exists() and not out.is_dir():
+        raise EtlError(f"DST {dst} is a file; pass a folder (it is created if missing)")
+    return out
+
+
+def _inputs(src: str, out: Path) -> tuple[list[Source], list[Path]]:
+    """The input files, and the entries of DST that hold them when SRC lies inside DST.
+
+    DST is never read as input: when it lies inside SRC its files are skipped. SRC may be a URI:
+    `file://` is its path; another filesystem's (s3://, gs://...) is listed through pyarrow and
+    cannot hold DST, a local folder.
+    """
+    if is_uri(src):
+        from etl.ingest.location import local_or_none
+
+        if (path := local_or_none(src)) is None:
+            from etl.ingest.objects import discover_objects
+
+            return discover_objects(src), []
+        src = path
+    root = source_root(src)
+    src_inside = check_inputs(out, root, storage=False)
+    sources = discover(src)
+    if src_inside:
+        return sources, [out / root.resolve().relative_to(out.resolve()).parts[0]]
+    dst = out.resolve()
+    sources = [s for s in sources if dst not in s.path.resolve().parents]
+    if not sources:
+        raise EtlError(f"no input files in {src} besides etl's own output in {out}")
+    return sources, []
