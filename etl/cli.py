@@ -15,7 +15,7 @@ from typing import Any
 
 import etl.commands
 from etl import __version__
-from etl.errors import EtlError, EtlWarning
+from etl.errors import EXIT_BUG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EtlError, EtlWarning
 
 
 def _command_modules() -> list[ModuleType]:
@@ -24,8 +24,10 @@ def _command_modules() -> list[ModuleType]:
     return [m for m in modules if hasattr(m, "NAME") and hasattr(m, "run")]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser, one subparser per command module."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser, one subparser per command module; with `only`, the other commands'
+    arguments are left out (`etl stats` then does not build `etl run`'s flags, which import
+    pydantic: ~80 ms of every start)."""
     parser = argparse.ArgumentParser(
         prog="etl",
         description="Columnar SFT data preparation: raw chats -> tokenized Parquet -> batches.",
@@ -39,16 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
             description=getattr(module, "DESCRIPTION", module.HELP),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        module.add_arguments(p)
+        if only is None or module.NAME == only:
+            module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
-
-
-# Exit statuses (README "Exit status"): 0 done; 1 a bug in etl; 2 a usage or input error, nothing
-# (more) written; 3 done, but some input could not be read (listed in the manifest and on stderr);
-# 4 `etl run` read records and wrote none (all rejected or dropped; outranks 3). etl.commands.run
-# returns 3 and 4 (it cannot import this module: the import graph runs one way).
-EXIT_OK, EXIT_BUG, EXIT_ERROR, EXIT_INCOMPLETE, EXIT_EMPTY = 0, 1, 2, 3, 4
 
 
 _SHOW_WARNING = warnings.showwarning
@@ -80,7 +76,9 @@ def _no_space(exc: OSError, args: argparse.Namespace) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `etl` console script; returns the exit status."""
-    parser = build_parser()
+    given = sys.argv[1:] if argv is None else argv
+    command = next((a for a in given if not a.startswith("-")), None)
+    parser = build_parser(only=command or "")
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
@@ -89,26 +87,25 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     warnings.simplefilter("always", EtlWarning)
     try:
-        return int(args._run(args) or 0)
-
+        return int(args._run(args) or EXIT_OK)
     except EtlError as exc:
         print(f"etl {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         print(f"etl {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except BrokenPipeError:  # `etl stats DST | head`: the reader left; that is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return EXIT_OK
     except OSError as exc:
         if (message := _no_space(exc, args)) is None:
             return _internal_error(args.command, exc)
         print(f"etl {args.command}: error: {message}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print(f"etl {args.command}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # noqa: BLE001 (a bug, not a user error: one line, traceback on request)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 (EtlBug or another bug: one line, traceback on request)
         return _internal_error(args.command, exc)
 
 

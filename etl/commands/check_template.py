@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 NAME = "check-template"
 HELP = "compare the pipeline's ids with the tokenizer's own chat_template tokenized whole"
@@ -48,127 +47,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the check and print the report; exit 0 whatever the share (it is a measurement)."""
     from etl.analysis.check_template import check_template
+    from etl.analysis.check_template_report import nothing_checked, render_text
     from etl.config.from_file import config_from_args
     from etl.errors import EtlError
 
     if args.limit is not None and args.limit < 1:
         raise EtlError(f"--limit must be 1 or more, got {args.limit}")
     args.seq_len = None  # check_template lifts seq_len itself: nothing may be truncated
-    report = check_template(args.src, config_from_args(args), limit=args.limit)
-    if report.examples == 0:
-        why = input_type_hint(report.to_json()) or "`etl run SRC DST` writes each with its reason to DST/_rejects"
-        raise EtlError(f"no usable records in {args.src}: rejected {_reasons(report.rejected)}; {why}")
+    report = check_template(args.src, config_from_args(args), limit=args.limit).to_json()
+    if report["examples"] == 0:
+        raise EtlError(nothing_checked(report, args.src))
     if args.format == "json":
-        json.dump(report.to_json(), sys.stdout, indent=2, ensure_ascii=False)
+        json.dump(report, sys.stdout, indent=2, ensure_ascii=False)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_text(report.to_json()))
+        sys.stdout.write(render_text(report))
     return 0
-
-
-def render_text(report: dict[str, Any]) -> str:
-    """The report as plain text: a table of counts, a verdict, hints, then the first difference."""
-    n = report["examples"]
-    rows = [
-        ("examples checked", f"{n:,}", ""),
-        ("identical ids", f"{report['identical']:,}", f"{report['share_identical']:.1%}"),
-        ("identical ignoring bos/eos/trailing whitespace", f"{report['identical_loose']:,}",
-         f"{report['share_identical_loose']:.1%}"),
-    ]
-    if report["differ_with_special_text"]:
-        rows.append(("differing, content has special-token text", f"{report['differ_with_special_text']:,}",
-                     "etl encodes it as text, on purpose"))
-    if report.get("identical_as_data") is not None:
-        rows.append(("  of which identical with sanitize_control_tokens", f"{report['identical_as_data']:,}",
-                     "transformers encoding special-token text in messages as text, as etl does"))
-    if report["rejected"]:
-        rows.append(("records rejected, not checked", f"{sum(report['rejected'].values()):,}",
-                     ", ".join(f"{reason} {k:,}" for reason, k in report["rejected"].items())))
-    label, count = (max(len(r[i]) for r in rows) for i in (0, 1))
-    lines = [
-        f"template {report['template']} vs the chat_template of {report['tokenizer']}",
-        "",
-        *(f"  {name:<{label}}  {value:>{count}}  {extra}".rstrip() for name, value, extra in rows),
-        "",
-        f"verdict: {verdict(report)}",
-        (f"default system: etl inserts {_text(report['default_system'])}; the chat_template's own is "
-         f"{_text(report['template_default_system'])}"),
-        f"reference: {report['reference']}",
-    ]
-    if report["template_notes"]:
-        lines.append(f"template notes: {report['template_notes']}")
-    lines += [f"hint: {h}" for h in hints(report)]
-    diff = report["first_diff"]
-    if diff:
-        lines += [
-            "",
-            (f"first difference: example {diff['id']} at token {diff['position']} "
-             f"(pipeline {diff['pipeline_tokens']} tokens, reference {diff['reference_tokens']})"),
-            f"  {'pipeline':<36} {'reference':<36}",
-        ]
-        for row in diff["rows"]:
-            mark = "!" if row["differs"] else " "
-            lines.append(f"{mark} {_cell(row['pipeline_index'], row['pipeline_id'], row['pipeline_piece'])} "
-                         f"{_cell(row['reference_index'], row['reference_id'], row['reference_piece'])}")
-    return "\n".join(lines) + "\n"
-
-
-def verdict(report: dict[str, Any]) -> str:
-    """One line: does the template reproduce the chat_template, and if not, what explains it."""
-    differ = report["examples"] - report["identical"]
-    if not differ:
-        return f"template {report['template']} gives the chat_template's ids on every example"
-    if report["identical_loose"] == report["examples"]:
-        return "the ids differ only in a leading bos or trailing eos/pad/whitespace tokens"
-    if report["default_system"] is None and report["template_default_system"] is not None:
-        return ("etl inserts no system prompt (--no-default-system) where the chat_template inserts its "
-                "own, which explains differences in conversations without one: see the hint below")
-    if report["differ_with_special_text"] == differ:
-        return ("every differing example has special-token text in its content, which etl encodes as "
-                "text on purpose (content is data, never control); the reference parses it as control")
-    return (f"{differ:,} examples differ: see the first difference below; "
-            "try another --template or check the template notes")
-
-
-def hints(report: dict[str, Any]) -> list[str]:
-    """What to change: the input type the rejected records suggest, the template's own system text."""
-    input_type = input_type_hint(report)
-    out = [input_type] if input_type else []
-    own = report["template_default_system"]
-    if own is not None and own != report["default_system"]:
-        out.append(f"to insert the chat_template's own system prompt where a conversation has none, set "
-                   f"\"default_system\": {json.dumps(own, ensure_ascii=False)} in a --config file")
-    if report["rejected"] and not input_type:
-        out.append("rejected records are not checked; `etl run SRC DST` writes each one with its reason "
-                   "and line to DST/_rejects")
-    return out
-
-
-def input_type_hint(report: dict[str, Any]) -> str | None:
-    """When most records lack the keys the input type reads, the type their keys suggest."""
-    from etl.commands.run import KEY_HINTS
-
-    missing = report["rejected"].get("missing_key", 0)
-    if missing * 2 < report["examples"] + sum(report["rejected"].values()):
-        return None
-    current, keys = report["input_type"], set(report["record_keys"])
-    kind = next((kind for key, kind in KEY_HINTS if key in keys and kind != current), None)
-    if kind is None:
-        return None
-    return (f"{missing:,} records lack the keys input type {current!r} reads; they have "
-            f"{sorted(keys)}: try --input-type {kind} (options in --config)")
-
-
-def _text(system: str | None) -> str:
-    return "none" if system is None else repr(system)
-
-
-def _reasons(counts: dict[str, int]) -> str:
-    detail = ", ".join(f"{reason} {n:,}" for reason, n in counts.items())
-    return f"{sum(counts.values()):,} ({detail})" if detail else "none"
-
-
-def _cell(index: int | None, token_id: int | None, piece: str | None) -> str:
-    if token_id is None:
-        return f"{'-':<36}"
-    return f"{index:>6} {token_id:>7} {piece!r:<21}"

@@ -7,10 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from etl.columns import PACK_STRATEGIES, PACK_TRUNCATIONS, PACKS_DIR, PACKS_FILE
+from etl.columns import CUT_SIDES, PACK_STRATEGIES, PACKS_DIR, PACKS_FILE, check_seq_len
 
 NAME = "pack"
-HELP = "pack examples into rows of at most S tokens: the pack index DST/packs (seeds 001, 003)"
+HELP = "pack examples into rows of at most S tokens: the pack index DST/packs"
 DESCRIPTION = """\
 Pack the examples of an etl output into rows of at most N tokens and write the pack index
 DST/packs/<split>/part-*.parquet: one row per pack with the example ids, rows, token offsets
@@ -21,9 +21,9 @@ index (ParquetLoader(..., packing=STRATEGY)), `etl stats --query packs` reports 
 
 strategies:
   bfd         best-fit decreasing: every example whole, the fewest packs (default choice)
-  ffd         first-fit decreasing: every example whole, seed 003's bin packer
-  sequential  seed 003: one token stream cut every N tokens (examples split across packs)
-  stream      seed 001: the stream with block-boundary injection of system span and user header
+  ffd         first-fit decreasing: every example whole, chomp's bin packer
+  sequential  chomp-style: one token stream cut every N tokens (examples split across packs)
+  stream      stream packing with block-boundary injection of system span and user header
 
 examples:
   etl pack parquet/ --strategy bfd
@@ -43,10 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", action="append", metavar="NAME",
                         help="split to pack (repeatable; default: every split present)")
     parser.add_argument("--buffer-docs", type=int, metavar="N",
-                        help="bfd/ffd: pack windows of N examples (seed 003; default: the whole split)")
+                        help="bfd/ffd: pack windows of N examples (default: the whole split)")
     parser.add_argument("--max-docs-per-bin", type=int, metavar="N",
-                        help="bfd/ffd: at most N examples per pack (seed 003; default: no cap)")
-    parser.add_argument("--truncation", choices=PACK_TRUNCATIONS, default="right",
+                        help="bfd/ffd: at most N examples per pack (default: no cap)")
+    parser.add_argument("--truncation", choices=CUT_SIDES, default="right",
                         help="bfd/ffd: an example longer than N keeps its first (right) or last "
                         "(left) N tokens (default right); sequential and stream split it instead")
 
@@ -77,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.dst)  # not an etl output: one line saying to run `etl run`
     options = _options(args)
     seq_len = args.seq_len if args.seq_len is not None else int(manifest.get("seq_len") or 0)
-    if seq_len < 1:
-        raise EtlError(f"--seq-len must be at least 1, got {seq_len}")
+    check_seq_len(seq_len, "--seq-len")
     present = listed_splits(args.dst, manifest)
     splits = list(dict.fromkeys(args.split or present))
     if missing := [s for s in splits if s not in present]:

@@ -1,4 +1,4 @@
-"""The builder registry and the SQL pieces every builder shares.
+"""The SQL pieces every builder shares, and `BuilderQuery`, what a builder returns.
 
 A builder is `(*, roles, **options) -> BuilderQuery`: DuckDB SQL over the relation `raw`
 `(source_line, line)` returning `source_line, reason, detail, raw, messages, domain`. Every
@@ -59,18 +59,7 @@ class BuilderQuery:
     unread: FieldCheck | None = field(default=None, compare=False, repr=False)
 
 
-Builder = Callable[..., BuilderQuery]
-BUILDERS: dict[str, Builder] = {}
-
-
-def register_builder(name: str) -> Callable[[Builder], Builder]:
-    """Register a builder for `input.type = name` (seed 004's factory registration)."""
-
-    def wrap(fn: Builder) -> Builder:
-        BUILDERS[name] = fn
-        return fn
-
-    return wrap
+Builder = Callable[..., BuilderQuery]  # `(*, roles, **options) -> BuilderQuery`
 
 
 def json_key_path(key: str) -> str:
@@ -83,7 +72,7 @@ class Slots:
 
     Struct fields are addressed by position (`struct_extract_at(var, 3)`), never by name, so
     user-chosen key names reach DuckDB only inside the bound JSON structure. Two options
-    naming the same key share a slot (seed 004's `prompt_key: "instruction"` is the alpaca
+    naming the same key share a slot (`prompt_key: "instruction"` reads the alpaca
     `instruction` field); an option left at None reads as SQL NULL.
     """
 

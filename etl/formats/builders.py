@@ -1,4 +1,4 @@
-"""Record builders: vectorized DuckDB SQL that validates raw JSON records and normalizes them.
+"""The builders by input type name (`BUILDERS`), and running one over a raw chunk.
 
 A builder turns the `(source_line, line)` table of `etl.ingest.reader` into canonical rows
 `(source_line, reason, detail, raw, messages list<struct<role, content, train, weight>>,
@@ -6,7 +6,8 @@ domain)`; `reason` is null for good rows, names the first problem of a rejected 
 starts with `drop:` for rows filtered on purpose (text length). DuckDB's JSON functions
 type-check every record in one pass; Polars' `json_decode` fails a whole batch on the first
 malformed line and silently casts numbers to strings, which would hide bad records.
-Builders live in `etl.formats.*` and register by input type name with `@register_builder`.
+Builders live in `etl.formats.*`; `BUILDERS` names them, under the names `etl.columns.INPUT_TYPES`
+lists (kept there so `etl run --help` imports no DuckDB; a test keeps the two equal).
 A record longer than the query's `max_record_bytes` is rejected (`record_too_large`) here,
 before DuckDB parses it: memory then follows the chunk, not the largest record.
 """
@@ -23,23 +24,30 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-# Importing the format modules registers their builders.
-from etl.formats import conversation, instruction, text, transcript  # noqa: F401
+from etl.formats import conversation, instruction, text, transcript
 from etl.formats.base import (
-    BUILDERS,
     DEFAULT_MAX_RECORD_BYTES,
     RAW_PREVIEW_CHARS,
     TOO_LARGE,
     Builder,
     BuilderQuery,
     json_key_path,
-    register_builder,
 )
 
 __all__ = [
     "BUILDERS", "DEFAULT_MAX_RECORD_BYTES", "RAW_PREVIEW_CHARS", "TOO_LARGE", "Builder", "BuilderQuery",
-    "build_query", "json_key_path", "record_bytes", "register_builder", "run_builder", "warn_unread",
+    "build_query", "connect", "json_key_path", "record_bytes", "run_builder", "warn_unread",
 ]
+
+# `input.type` -> its builder; a new input type is a builder here and its name in INPUT_TYPES.
+BUILDERS: dict[str, Builder] = {
+    "chat": conversation.chat_builder,
+    "sharegpt": conversation.sharegpt_builder,
+    "instruction": instruction.instruction_builder,
+    "prompt_completion": instruction.prompt_completion_builder,
+    "text": text.text_builder,
+    "transcript": transcript.transcript_builder,
+}
 
 
 def build_query(input_type: str, *, roles: list[str], options: dict[str, Any], max_record_bytes: int,

@@ -1,14 +1,17 @@
-"""Conversation builders: `chat` (OpenAI-style messages) and `sharegpt` (`from`/`value` turns).
+"""The conversation builder and its two shapes: `chat` (OpenAI-style messages) and `sharegpt`
+(`from`/`value` turns).
 
-Both read a list of message objects and share one query; they differ in key names, the
-default role map and whether a top-level `system` field is read. Content is a string or a
+Both read a list of message objects with one builder; a `Shape` gives each its key names, its
+default role map, whether a top-level `system` field is read, and its one option of its own. Content is a string or a
 list of parts `{type: "text", text|value: ...}`; per-message `train`/`weight` pass through.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from etl.errors import EtlError
@@ -17,6 +20,7 @@ from etl.formats.base import (
     HEAD_DETAILS,
     HEAD_REASONS,
     NL,
+    Builder,
     BuilderQuery,
     Slots,
     absent_reason,
@@ -28,7 +32,6 @@ from etl.formats.base import (
     kind,
     missing_detail,
     records_cte,
-    register_builder,
     type_words,
 )
 from etl.formats.conversation_sql import (
@@ -115,7 +118,7 @@ def _query_body(per_message: dict[str, str]) -> str:
     )
 
 
-# `conversation_query` arguments checked by `_validate`: keys (JSON field names), lists of names, strings.
+# `conversation_builder` arguments checked by `_validate`: keys (JSON field names), lists of names, strings.
 KEY_ARGS = ("messages_key", "role_key", "content_key", "train_key", "weight_key", "tool_calls_key", "system_key",
             "tools_key", "domain_key")
 NAME_LIST_ARGS = ("text_part_types", "reasoning_part_types", "tool_call_part_types", "reasoning_keys",
@@ -124,7 +127,7 @@ STRING_ARGS = ("part_separator", "tools_prefix")
 
 
 def _validate(args: Mapping[str, Any]) -> None:
-    """`conversation_query`'s arguments (by name) checked before any SQL is built."""
+    """`conversation_builder`'s arguments (by name) checked before any SQL is built."""
     _check_keys({k: args[k] for k in KEY_ARGS}, required=KEY_ARGS[:3], reasoning_keys=args["reasoning_keys"])
     _check_values(role_map=args["role_map"], parse_think=args["parse_think"],
                   names={k: args[k] for k in NAME_LIST_ARGS}, strings={k: args[k] for k in STRING_ARGS})
@@ -143,36 +146,56 @@ def _message_slots(*, role_key: str, content_key: str, train_key: str | None, we
     return msg, per_message
 
 
-def conversation_query(
+@dataclass(frozen=True)
+class Shape:
+    """One record shape `conversation_builder` reads: an input type of its own.
+
+    `defaults`: its defaults where they differ from the builder's (chat's); `fixed`: the options
+    it does not offer, at the value they take; `role_map`: source roles it renames, updated by
+    the config's `role_map`; `doc`: the input type's description.
+    """
+
+    name: str
+    defaults: Mapping[str, Any]
+    fixed: Mapping[str, Any]
+    role_map: Mapping[str, str]
+    doc: str
+
+
+def conversation_builder(
     *,
+    shape: Shape,
     roles: Sequence[str],
-    messages_key: str,
-    role_key: str,
-    content_key: str,
-    train_key: str | None,
-    weight_key: str | None,
-    tool_calls_key: str | None,
-    role_map: Mapping[str, str],
-    text_part_types: Sequence[str],
-    part_separator: str,
-    system_key: str | None,
-    tools_key: str | None,
-    tools_prefix: str,
-    domain_key: str | None,
+    messages_key: str = "messages",
+    role_key: str = "role",
+    content_key: str = "content",
+    train_key: str | None = "train",
+    weight_key: str | None = "weight",
+    tool_calls_key: str | None = "tool_calls",
+    role_map: Mapping[str, str] | None = None,
+    text_part_types: Sequence[str] = ("text",),
+    part_separator: str = "",
+    system_key: str | None = None,
+    tools_key: str | None = "tools",
+    tools_prefix: str = DEFAULT_TOOLS_PREFIX,
+    domain_key: str | None = None,
+    tool_call_roles: Sequence[str] = (),
     reasoning_keys: Sequence[str] = REASONING_KEYS,
     reasoning_part_types: Sequence[str] = REASONING_PART_TYPES,
     tool_call_part_types: Sequence[str] = TOOL_CALL_PART_TYPES,
-    tool_call_roles: Sequence[str] = (),
     parse_think: bool = True,
-    template_tools: bool = False,
     ignore_fields: Sequence[str] = (),
-    tool_calls_option: bool = True,
+    template_tools: bool = False,
+    **_: Any,
 ) -> BuilderQuery:
-    """The shared query of `chat` and `sharegpt`; every key and string is a bound parameter.
+    """The query of `chat` and `sharegpt` (`shape` says which); every key and string is a bound parameter.
 
     Its `unread` check warns about message fields that none of the keys reads and
-    `ignore_fields` does not list; `tool_calls_option`: the type has `tool_calls_key`.
+    `ignore_fields` does not list.
     """
+    if role_map is not None and not isinstance(role_map, Mapping):
+        raise EtlError(f"input.role_map is {role_map!r}; expected an object of source role -> role")
+    role_map = {**shape.role_map, **(role_map or {})}
     _validate(locals())
     # A part type read as text is text only (a config that lists `reasoning` in text_part_types).
     reasoning_part_types = [t for t in reasoning_part_types if t not in text_part_types]
@@ -198,113 +221,68 @@ def conversation_query(
         "train_key": train_key or "", "weight_key": weight_key or "",
         "system_key": system_key or "", "tools_key": tools_key or "", "tool_calls_key": tool_calls_key or "",
     }
-    hints = {f: o for f, o in FIELD_OPTIONS.items() if tool_calls_option or o != "tool_calls_key"}
+    hints = {f: o for f, o in FIELD_OPTIONS.items() if o not in shape.fixed}
     unread = UnreadFields.of(messages_key, read=list(msg.specs), ignored=ignore_fields, hints=hints)
     return BuilderQuery(sql="with" + records_cte(slots) + "," + body, params=params, unread=unread)
 
 
-@register_builder("chat")
-def chat_builder(
-    *,
-    roles: Sequence[str],
-    messages_key: str = "messages",
-    role_key: str = "role",
-    content_key: str = "content",
-    train_key: str | None = "train",
-    weight_key: str | None = "weight",
-    tool_calls_key: str | None = "tool_calls",
-    role_map: Mapping[str, str] | None = None,
-    text_part_types: Sequence[str] = ("text",),
-    part_separator: str = "",
-    system_key: str | None = None,
-    tools_key: str | None = "tools",
-    tools_prefix: str = DEFAULT_TOOLS_PREFIX,
-    domain_key: str | None = None,
-    reasoning_keys: Sequence[str] = REASONING_KEYS,
-    reasoning_part_types: Sequence[str] = REASONING_PART_TYPES,
-    tool_call_part_types: Sequence[str] = TOOL_CALL_PART_TYPES,
-    parse_think: bool = True,
-    ignore_fields: Sequence[str] = (),
-    template_tools: bool = False,
-    **_: Any,
-) -> BuilderQuery:
-    """OpenAI-style `{"messages": [{"role", "content"}]}` records.
+def preset(shape: Shape) -> Builder:
+    """`conversation_builder` for one shape, under the shape's own signature: `etl config` lists an
+    input type's options and defaults from its builder's keyword arguments."""
+    full = inspect.signature(conversation_builder, eval_str=True).parameters.values()
+    offered = [p.replace(default=shape.defaults.get(p.name, p.default)) for p in full
+               if p.name != "shape" and p.name not in shape.fixed]
 
-    Content is a string or a list of parts; the text of parts whose `type` is in
-    `text_part_types` is joined with `part_separator` in order (`text` or, LLaMA-Factory's
-    spelling, `value`); parts of `reasoning_part_types` are the message's reasoning and parts
-    of `tool_call_part_types` its tool calls; any other part (an image, audio) rejects the
-    record as `unsupported_content`, since silently dropping it would train on a different
-    sample. Reasoning also comes from the first of `reasoning_keys` a message has, and, with
-    `parse_think`, from `<think>...</think>` at the start of assistant content (Qwen3's rule).
-    Tool calls (`tool_calls_key`, OpenAI's `{type, function: {name, arguments}}` or
-    `{name, arguments}`) and the top-level tools (`tools_key`) are rendered by a template that
-    has a tool format (chatml, hf); with any other template a message's calls are their JSON
-    text after the content (after a newline) and the tools are text in the system message. `train` (bool) and `weight` (number >= 0) per message pass through as
-    `train`/`weight` (LLaMA-Factory's v1 data names the weight `loss_weight`). `role_map`
-    renames source roles before the roles are checked against the template's. With
-    `system_key` / `tools_key` set, a top-level system prompt and tool list are handled as in
-    `sharegpt`. A message field that none of the keys reads warns once per run, naming the
-    option that would read it, unless `ignore_fields` lists it.
-    """
-    return conversation_query(
-        roles=roles, messages_key=messages_key, role_key=role_key, content_key=content_key,
-        train_key=train_key, weight_key=weight_key, tool_calls_key=tool_calls_key,
-        role_map=role_map or {}, text_part_types=text_part_types, part_separator=part_separator,
-        system_key=system_key, tools_key=tools_key, tools_prefix=tools_prefix, domain_key=domain_key,
-        reasoning_keys=reasoning_keys, reasoning_part_types=reasoning_part_types,
-        tool_call_part_types=tool_call_part_types, parse_think=parse_think, template_tools=template_tools,
-        ignore_fields=ignore_fields,
-    )
+    def build(**options: Any) -> BuilderQuery:
+        # Options of the other shape are ignored, as any option the builder does not take.
+        return conversation_builder(shape=shape, **{**shape.defaults, **options, **shape.fixed})
+
+    build.__name__ = build.__qualname__ = f"{shape.name}_builder"
+    build.__doc__ = shape.doc
+    build.__signature__ = inspect.Signature(offered, return_annotation=BuilderQuery)  # type: ignore[attr-defined]
+    return build
 
 
-@register_builder("sharegpt")
-def sharegpt_builder(
-    *,
-    roles: Sequence[str],
-    messages_key: str = "conversations",
-    role_key: str = "from",
-    content_key: str = "value",
-    train_key: str | None = "train",
-    weight_key: str | None = "weight",
-    role_map: Mapping[str, str] | None = None,
-    text_part_types: Sequence[str] = ("text",),
-    part_separator: str = "",
-    system_key: str | None = "system",
-    tools_key: str | None = "tools",
-    tools_prefix: str = DEFAULT_TOOLS_PREFIX,
-    domain_key: str | None = None,
-    tool_call_roles: Sequence[str] = ("function_call",),
-    reasoning_keys: Sequence[str] = REASONING_KEYS,
-    reasoning_part_types: Sequence[str] = REASONING_PART_TYPES,
-    tool_call_part_types: Sequence[str] = TOOL_CALL_PART_TYPES,
-    parse_think: bool = True,
-    ignore_fields: Sequence[str] = (),
-    template_tools: bool = False,
-    **_: Any,
-) -> BuilderQuery:
-    """ShareGPT / Vicuna / LLaMA-Factory `{"conversations": [{"from", "value"}]}` records.
+CHAT = Shape("chat", defaults={}, fixed={"tool_call_roles": ()}, role_map={}, doc="""\
+OpenAI-style `{"messages": [{"role", "content"}]}` records.
 
-    Source roles are renamed by `SHAREGPT_ROLES` (human/gpt/function_call/observation ...)
-    updated with `role_map`, so `role_map` can both override and extend it. A non-empty
-    top-level `system` string becomes a leading system message, unless the conversation
-    already starts with one, which wins (as in LLaMA-Factory). Tools (`tools_key`,
-    LLaMA-Factory's `tools`, a JSON string or a list) are rendered by a template with a tool
-    format; with another template `tools_prefix` + the tools text is appended to the system
-    message (one is created when there is none), separated by a blank line. A message whose
-    source role is in `tool_call_roles` (glaive's `function_call`) is an assistant tool call
-    whose content is the call's JSON, under a template with a tool format. Unread message
-    fields warn as in `chat`.
-    """
-    if role_map is not None and not isinstance(role_map, Mapping):
-        raise EtlError(f"input.role_map is {role_map!r}; expected an object of source role -> role")
-    return conversation_query(
-        roles=roles, messages_key=messages_key, role_key=role_key, content_key=content_key,
-        train_key=train_key, weight_key=weight_key, tool_calls_key=None,
-        role_map={**SHAREGPT_ROLES, **(role_map or {})}, text_part_types=text_part_types,
-        part_separator=part_separator, system_key=system_key, tools_key=tools_key,
-        tools_prefix=tools_prefix, domain_key=domain_key, reasoning_keys=reasoning_keys,
-        reasoning_part_types=reasoning_part_types, tool_call_part_types=tool_call_part_types,
-        tool_call_roles=tool_call_roles, parse_think=parse_think, template_tools=template_tools,
-        ignore_fields=ignore_fields, tool_calls_option=False,
-    )
+Content is a string or a list of parts; the text of parts whose `type` is in
+`text_part_types` is joined with `part_separator` in order (`text` or, LLaMA-Factory's
+spelling, `value`); parts of `reasoning_part_types` are the message's reasoning and parts
+of `tool_call_part_types` its tool calls; any other part (an image, audio) rejects the
+record as `unsupported_content`, since silently dropping it would train on a different
+sample. Reasoning also comes from the first of `reasoning_keys` a message has, and, with
+`parse_think`, from `<think>...</think>` at the start of assistant content (Qwen3's rule).
+Tool calls (`tool_calls_key`, OpenAI's `{type, function: {name, arguments}}` or
+`{name, arguments}`) and the top-level tools (`tools_key`) are rendered by a template that
+has a tool format (chatml, hf); with any other template a message's calls are their JSON
+text after the content (after a newline) and the tools are text in the system message.
+`train` (bool) and `weight` (number >= 0) per message pass through as `train`/`weight`
+(LLaMA-Factory's v1 data names the weight `loss_weight`). `role_map` renames source roles
+before the roles are checked against the template's. With `system_key` / `tools_key` set, a
+top-level system prompt and tool list are handled as in `sharegpt`. A message field that
+none of the keys reads warns once per run, naming the option that would read it, unless
+`ignore_fields` lists it.
+""")
+
+SHAREGPT = Shape(
+    "sharegpt",
+    defaults={"messages_key": "conversations", "role_key": "from", "content_key": "value",
+              "system_key": "system", "tool_call_roles": ("function_call",)},
+    fixed={"tool_calls_key": None}, role_map=SHAREGPT_ROLES, doc="""\
+ShareGPT / Vicuna / LLaMA-Factory `{"conversations": [{"from", "value"}]}` records.
+
+Source roles are renamed by `SHAREGPT_ROLES` (human/gpt/function_call/observation ...)
+updated with `role_map`, so `role_map` can both override and extend it. A non-empty
+top-level `system` string becomes a leading system message, unless the conversation
+already starts with one, which wins (as in LLaMA-Factory). Tools (`tools_key`,
+LLaMA-Factory's `tools`, a JSON string or a list) are rendered by a template with a tool
+format; with another template `tools_prefix` + the tools text is appended to the system
+message (one is created when there is none), separated by a blank line. A message whose
+source role is in `tool_call_roles` (glaive's `function_call`) is an assistant tool call
+whose content is the call's JSON, under a template with a tool format. Unread message
+fields warn as in `chat`.
+""")
+
+chat_builder = preset(CHAT)
+sharegpt_builder = preset(SHAREGPT)

@@ -1,7 +1,7 @@
 """Single-turn builders: `instruction` (prompt/response and alpaca) and `prompt_completion`.
 
 Both make `[system?] + history + [user, assistant]` from top-level string fields. The alpaca
-fields are fallbacks of the prompt/response fields, so a seed-004 config that names
+fields are fallbacks of the prompt/response fields, so a config that names
 `prompt_key: "instruction", response_key: "output"` still appends a non-empty `input`.
 """
 
@@ -23,7 +23,6 @@ from etl.formats.base import (
     is_string,
     kind,
     records_cte,
-    register_builder,
     require_roles,
     with_record_keys,
 )
@@ -155,7 +154,6 @@ def single_turn_query(
     return BuilderQuery(sql="with" + records_cte(slots) + "," + QUERY, params=params)
 
 
-@register_builder("instruction")
 def instruction_builder(
     *,
     roles: Sequence[str],
@@ -171,7 +169,7 @@ def instruction_builder(
     domain_key: str | None = None,
     **_: Any,
 ) -> BuilderQuery:
-    """Instruction records: prompt/response (seed 004) or alpaca instruction/input/output.
+    """Instruction records: prompt/response or alpaca instruction/input/output.
 
     user = the `prompt_key` string, or else the `instruction_key` string, and the `input_key`
     string, joined by `input_separator` (an empty one is left out); assistant = the
@@ -188,7 +186,6 @@ def instruction_builder(
     )
 
 
-@register_builder("prompt_completion")
 def prompt_completion_builder(
     *,
     roles: Sequence[str],

@@ -1,6 +1,6 @@
-"""The `text` builder (seed 004 pretraining): one string field -> one message of role `text`.
+"""The `text` builder (pretraining text): one string field -> one message of role `text`.
 
-Records outside seed 004's `min_chars` / `max_chars` are drops, not rejects: their reason
+Records outside the config file's `min_chars` / `max_chars` are drops, not rejects: their reason
 starts with `drop:` and the run counts them under `dropped`.
 """
 
@@ -25,11 +25,10 @@ from etl.formats.base import (
     kind,
     missing_detail,
     records_cte,
-    register_builder,
     require_roles,
 )
 
-# Lengths are in characters (Unicode code points, as Python's len), like seed 004's filter.
+# Lengths are in characters (Unicode code points, as Python's len), as the config file defines them.
 QUERY = f"""
 checked as (
     select *, case when {is_string("txt")} then txt ->> '$' end as content, length(content) as chars
@@ -60,7 +59,6 @@ final as (
 select source_line, reason, detail, raw, messages, domain from final"""
 
 
-@register_builder("text")
 def text_builder(
     *,
     roles: Sequence[str],
@@ -73,7 +71,7 @@ def text_builder(
     """Pretraining records `{"text": ...}`: one message of role `text`, no mask.
 
     Text shorter than `min_chars` or longer than `max_chars` characters is dropped with
-    reason `drop:too_short` / `drop:too_long` (seed 004 `preprocessing.min_chars/max_chars`).
+    reason `drop:too_short` / `drop:too_long` (`preprocessing.min_chars/max_chars` in a config).
     The template must have a `text` role.
     """
     check_key("text_key", text_key)

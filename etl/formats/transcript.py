@@ -28,7 +28,6 @@ from etl.formats.base import (
     kind,
     missing_detail,
     records_cte,
-    register_builder,
 )
 
 DEFAULT_MARKERS = {"\n\nHuman:": "user", "\n\nAssistant:": "assistant"}
@@ -131,7 +130,6 @@ def check_markers(markers: Any) -> dict[str, str]:
     return dict(markers)
 
 
-@register_builder("transcript")
 def transcript_builder(
     *,
     roles: Sequence[str],

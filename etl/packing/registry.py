@@ -22,7 +22,7 @@ class PackFn(Protocol):
 
     ``seed`` is part of the signature for every packer so callers can pass it blindly; packers
     with no random choice (bfd, ffd, sequential) ignore it. Strategy-specific knobs
-    (``buffer_docs``, ``max_docs_per_bin``, seed 001's ``turns``) are keyword options.
+    (``buffer_docs``, ``max_docs_per_bin``, stream's ``turns``) are keyword options.
     """
 
     def __call__(
@@ -30,11 +30,13 @@ class PackFn(Protocol):
     ) -> Packing: ...
 
 
+# One packer per name of etl.columns.PACK_STRATEGIES (where `etl pack --help` reads the names
+# without importing numpy); tests/packing/test_index.py keeps the two equal.
 PACKERS: dict[str, PackFn] = {
     "bfd": bfd,
     "ffd": ffd,
     "sequential": sequential,
-    "stream": stream,  # seed 001; needs turns=TurnSpans (etl.packing.index reads them for etl pack)
+    "stream": stream,  # boundary injection; needs turns=TurnSpans (etl.packing.index reads them for etl pack)
 }
 
 

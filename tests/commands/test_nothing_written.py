@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 import etl.engine.ray_run
-from etl.cli import EXIT_EMPTY, EXIT_INCOMPLETE, main
+from etl.cli import main
 from etl.commands import run as run_command
+from etl.errors import EXIT_EMPTY, EXIT_INCOMPLETE
 from etl.output.manifest import read_manifest
 from etl.pipeline.run import run as run_pipeline
 

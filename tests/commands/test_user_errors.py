@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import etl.loader.episodes
+import etl.export.episodes
 from etl.cli import main
 from etl.config.flags import flag_values
 from etl.config.run_config import MAX_CHUNK_BYTES, RunConfig
@@ -49,7 +49,7 @@ def test_export_on_a_full_disk_says_so(dst: Path, tmp_path: Path, monkeypatch: p
     def full(path: object, mode: str = "r", *args: object, **kwargs: object) -> object:
         return open("/dev/full", mode, *args, **kwargs)  # every write fails with ENOSPC
 
-    monkeypatch.setattr(etl.loader.episodes, "open", full, raising=False)
+    monkeypatch.setattr(etl.export.episodes, "open", full, raising=False)
     out = tmp_path / "episodes"
     assert main(["export", str(dst), str(out), "--format", "episodes"]) == 2
     err = capsys.readouterr().err

@@ -9,9 +9,9 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from etl.columns import INVALID_UTF8
+from etl.columns import INPUT_TYPES, INVALID_UTF8
 from etl.errors import EtlError
-from etl.formats.registry import BUILDERS, BuilderQuery, register_builder, run_builder
+from etl.formats.builders import BUILDERS, BuilderQuery, run_builder
 
 ROLES = ("system", "user", "assistant", "tool", "text")
 COLUMNS = ["source_line", "reason", "detail", "raw", "messages", "domain"]
@@ -210,7 +210,7 @@ def test_instruction_alpaca_input_system_and_history() -> None:
     assert one("instruction", {"instruction": "", "input": "x", "output": "y"})["messages"][0] == msg("user", "x")
 
 
-def test_instruction_seed004_keys_still_append_input() -> None:
+def test_instruction_alpaca_keys_as_prompt_keys_still_append_input() -> None:
     rec = {"instruction": "Translate", "input": "hola", "output": "hello", "src": "mt"}
     row = one("instruction", rec, prompt_key="instruction", response_key="output", domain_key="src")
     assert (row["messages"], row["domain"]) == ([msg("user", "Translate\n\nhola"), msg("assistant", "hello")], "mt")
@@ -293,11 +293,15 @@ def test_bad_options_are_one_clear_error(builder: str, options: dict[str, Any], 
         BUILDERS[builder](roles=ROLES, **options)
 
 
-def test_register_builder_adds_an_input_type() -> None:
-    @register_builder("echo_test")
+def test_builders_are_the_input_types() -> None:
+    assert tuple(BUILDERS) == INPUT_TYPES
+
+
+def test_a_builder_in_builders_is_an_input_type() -> None:
     def echo(*, roles: list[str], **_: Any) -> BuilderQuery:
         return BuilderQuery(sql="select source_line, line as reason from raw", params={})
 
+    BUILDERS["echo_test"] = echo
     try:
         raw = pa.table({"source_line": pa.array([0], pa.int64()), "line": pa.array(["x"], pa.large_string())})
         got = run_builder(duckdb.connect(), raw, BUILDERS["echo_test"](roles=ROLES))
@@ -309,4 +313,4 @@ def test_register_builder_adds_an_input_type() -> None:
 def test_instruction_one_key_cannot_be_two_fields() -> None:
     with pytest.raises(EtlError, match="both prompt and response"):
         BUILDERS["instruction"](roles=ROLES, prompt_key="text", response_key="text")
-    assert BUILDERS["instruction"](roles=ROLES, prompt_key="instruction", response_key="output")  # seed 004
+    assert BUILDERS["instruction"](roles=ROLES, prompt_key="instruction", response_key="output")  # alpaca keys

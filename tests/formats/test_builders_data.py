@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from etl.formats.registry import BUILDERS, run_builder
+from etl.formats.builders import BUILDERS, run_builder
 from etl.ingest.discover import discover
 from etl.ingest.reader import read_chunks
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from etl.formats.registry import BUILDERS, run_builder
+from etl.formats.builders import BUILDERS, run_builder
 
 ROLES = ("system", "user", "assistant", "tool", "text")
 # Any code point but lone surrogates (not valid UTF-8, rejected upstream as invalid JSON).

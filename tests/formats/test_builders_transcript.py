@@ -21,7 +21,7 @@ import pytest
 
 from etl.columns import INVALID_UTF8
 from etl.errors import EtlError
-from etl.formats.registry import BUILDERS, run_builder
+from etl.formats.builders import BUILDERS, run_builder
 from etl.formats.transcript import WHITESPACE, marker_pattern
 from etl.ingest.discover import discover
 from etl.ingest.reader import read_chunks

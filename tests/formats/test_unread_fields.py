@@ -14,7 +14,7 @@ import pytest
 
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError, EtlWarning
-from etl.formats.registry import BUILDERS, run_builder
+from etl.formats.builders import BUILDERS, run_builder
 from etl.formats.unread_fields import SAMPLE_LINES
 from etl.pipeline.run import run
 

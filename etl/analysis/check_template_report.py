@@ -1,0 +1,114 @@
+"""`etl check-template`'s report in words: a table of counts, a verdict, hints, the first difference.
+
+Reads the report's JSON form (`CheckReport.to_json`, what `--format json` prints).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from etl.analysis.run_summary import by_reason
+from etl.formats.layout_hint import input_type_hint
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """The report as plain text: a table of counts, a verdict, hints, then the first difference."""
+    n = report["examples"]
+    rows = [
+        ("examples checked", f"{n:,}", ""),
+        ("identical ids", f"{report['identical']:,}", f"{report['share_identical']:.1%}"),
+        ("identical ignoring bos/eos/trailing whitespace", f"{report['identical_loose']:,}",
+         f"{report['share_identical_loose']:.1%}"),
+    ]
+    if report["differ_with_special_text"]:
+        rows.append(("differing, content has special-token text", f"{report['differ_with_special_text']:,}",
+                     "etl encodes it as text, on purpose"))
+    if report.get("identical_as_data") is not None:
+        rows.append(("  of which identical with sanitize_control_tokens", f"{report['identical_as_data']:,}",
+                     "transformers encoding special-token text in messages as text, as etl does"))
+    if report["rejected"]:
+        rows.append(("records rejected, not checked", f"{sum(report['rejected'].values()):,}",
+                     ", ".join(f"{reason} {k:,}" for reason, k in report["rejected"].items())))
+    label, count = (max(len(r[i]) for r in rows) for i in (0, 1))
+    lines = [
+        f"template {report['template']} vs the chat_template of {report['tokenizer']}",
+        "",
+        *(f"  {name:<{label}}  {value:>{count}}  {extra}".rstrip() for name, value, extra in rows),
+        "",
+        f"verdict: {_verdict(report)}",
+        (f"default system: etl inserts {_text(report['default_system'])}; the chat_template's own is "
+         f"{_text(report['template_default_system'])}"),
+        f"reference: {report['reference']}",
+    ]
+    if report["template_notes"]:
+        lines.append(f"template notes: {report['template_notes']}")
+    lines += [f"hint: {h}" for h in _hints(report)]
+    diff = report["first_diff"]
+    if diff:
+        lines += [
+            "",
+            (f"first difference: example {diff['id']} at token {diff['position']} "
+             f"(pipeline {diff['pipeline_tokens']} tokens, reference {diff['reference_tokens']})"),
+            f"  {'pipeline':<36} {'reference':<36}",
+        ]
+        for row in diff["rows"]:
+            mark = "!" if row["differs"] else " "
+            lines.append(f"{mark} {_cell(row['pipeline_index'], row['pipeline_id'], row['pipeline_piece'])} "
+                         f"{_cell(row['reference_index'], row['reference_id'], row['reference_piece'])}")
+    return "\n".join(lines) + "\n"
+
+
+def _verdict(report: dict[str, Any]) -> str:
+    """One line: does the template reproduce the chat_template, and if not, what explains it."""
+    differ = report["examples"] - report["identical"]
+    if not differ:
+        return f"template {report['template']} gives the chat_template's ids on every example"
+    if report["identical_loose"] == report["examples"]:
+        return "the ids differ only in a leading bos or trailing eos/pad/whitespace tokens"
+    if report["default_system"] is None and report["template_default_system"] is not None:
+        return ("etl inserts no system prompt (--no-default-system) where the chat_template inserts its "
+                "own, which explains differences in conversations without one: see the hint below")
+    if report["differ_with_special_text"] == differ:
+        return ("every differing example has special-token text in its content, which etl encodes as "
+                "text on purpose (content is data, never control); the reference parses it as control")
+    return (f"{differ:,} examples differ: see the first difference below; "
+            "try another --template or check the template notes")
+
+
+def _hints(report: dict[str, Any]) -> list[str]:
+    """What to change: the input type the rejected records suggest, the template's own system text."""
+    input_type = _input_type_hint(report)
+    out = [input_type] if input_type else []
+    own = report["template_default_system"]
+    if own is not None and own != report["default_system"]:
+        out.append(f"to insert the chat_template's own system prompt where a conversation has none, set "
+                   f"\"default_system\": {json.dumps(own, ensure_ascii=False)} in a --config file")
+    if report["rejected"] and not input_type:
+        out.append("rejected records are not checked; `etl run SRC DST` writes each one with its reason "
+                   "and line to DST/_rejects")
+    return out
+
+
+def _input_type_hint(report: dict[str, Any]) -> str | None:
+    """When most records lack the keys the input type reads, the type their keys suggest."""
+    missing = report["rejected"].get("missing_key", 0)
+    if missing * 2 < report["examples"] + sum(report["rejected"].values()):
+        return None
+    return input_type_hint(missing, report["record_keys"], report["input_type"])
+
+
+def nothing_checked(report: dict[str, Any], src: str) -> str:
+    """The error when no record of SRC could be checked: how many were rejected, and why."""
+    why = _input_type_hint(report) or "`etl run SRC DST` writes each with its reason to DST/_rejects"
+    return f"no usable records in {src}: rejected {by_reason(report['rejected'], none='none')}; {why}"
+
+
+def _text(system: str | None) -> str:
+    return "none" if system is None else repr(system)
+
+
+def _cell(index: int | None, token_id: int | None, piece: str | None) -> str:
+    if token_id is None:
+        return f"{'-':<36}"
+    return f"{index:>6} {token_id:>7} {piece!r:<21}"
