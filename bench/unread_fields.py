@@ -22,7 +22,7 @@ from pathlib import Path
 import duckdb
 
 from etl.formats import unread_fields
-from etl.formats.registry import BUILDERS, run_builder
+from etl.formats.builders import BUILDERS, run_builder
 from etl.ingest.discover import discover
 from etl.ingest.reader import read_chunks
 

@@ -5,9 +5,22 @@ Everything that reads or writes `DST/` imports names from here, so a rename is o
 
 from __future__ import annotations
 
+from etl.errors import EtlError
+
 IGNORE_INDEX = -100
 DEFAULT_SYSTEM_TEXT = "you are a helpful assistant."
 DEFAULT_SEQ_LEN = 2048
+# S, the tokens of an example or a pack, is T + 1: T next-token targets need S >= 2. One rule for
+# `etl run` (seq_len), `etl pack --seq-len` and the loader's collate functions.
+MIN_SEQ_LEN = 2
+SEQ_LEN_RULE = f"must be at least {MIN_SEQ_LEN} (S = T + 1 tokens)"
+
+
+def check_seq_len(seq_len: int, name: str = "seq_len") -> int:
+    """`seq_len` if it keeps the rule, else an EtlError naming it as the caller's user spells it."""
+    if seq_len < MIN_SEQ_LEN:
+        raise EtlError(f"{name} {SEQ_LEN_RULE}, got {seq_len}")
+    return seq_len
 
 # `preprocessing.max_record_bytes`: a record whose JSON text is longer is rejected
 # (`record_too_large`) before it is parsed or tokenized. 16 MiB, the default chunk: long-context
@@ -16,7 +29,7 @@ DEFAULT_SEQ_LEN = 2048
 # chunk. Below the limit a record adds ~6x its size to the peak RSS with Qwen2.5, ~8x with the
 # byte tokenizer (4 bytes of ids per byte of text); bench/big_record.py.
 DEFAULT_MAX_RECORD_BYTES = 16 << 20
-DEFAULT_MIN_CHARS = 50  # seed 004 preprocessing defaults of text input
+DEFAULT_MIN_CHARS = 50  # the config file's preprocessing defaults of text input
 DEFAULT_MAX_CHARS = 2_000_000
 
 # Layout of DST/.
@@ -32,7 +45,7 @@ DATA_RUN_ID = "data_run_id"
 DATA_DIR = "data"
 TURNS_DIR = "turns"
 REJECTS_DIR = "_rejects"
-VAL_STORAGE_DIR = "_val"  # seed-004 bin/h5 storage of the val split: DST/_val/<domain>/
+VAL_STORAGE_DIR = "_val"  # bin/h5 export of the val split: DST/_val/<domain>/
 # Files of the writer protocol (etl.output.ownership): an export's record of what it wrote, the journal
 # of paths a writer is about to create, and the lock one writer at a time holds.
 EXPORT_FILE = "_export.json"
@@ -56,9 +69,14 @@ PACKS_DIR = "packs"
 PACKS_FILE = "_packs.json"
 MANIFEST_PACKS = "packs"
 # Names `etl pack --strategy` accepts and `_packs.json` records; etl.packing.registry.PACKERS
-# holds the functions (tests keep the two equal). Kept here so `etl --help` imports no numpy.
+# maps each to its function (a test keeps the two equal). Kept here so `etl --help` imports no numpy.
 PACK_STRATEGIES = ("bfd", "ffd", "sequential", "stream")
-PACK_TRUNCATIONS = ("right", "left")  # an example longer than S keeps its first / last S tokens
+# `input.type` names, the record layouts `etl run` reads; etl.formats.builders.BUILDERS maps each
+# to its builder (a test keeps the two equal). Kept here so `etl run --help` imports no DuckDB.
+INPUT_TYPES = ("chat", "sharegpt", "instruction", "prompt_completion", "text", "transcript")
+# The side of an example longer than S that a packer or the loader cuts: right keeps its first S
+# tokens, left its last S (`--truncation`, `truncation=`; not the run's turn policies).
+CUT_SIDES = ("right", "left")
 
 # `data` columns (contract).
 ID = "id"
@@ -117,14 +135,14 @@ CUT = "cut"  # start of the kept window in the conversation
 WINDOW = "window"  # length of the kept window (<= seq_len)
 TOTAL = "total"  # conversation length after whole-turn dropping, before the hard cut
 
-# Pack index columns (contract, DESIGN §6): one row per pack, one list item per piece (a token
+# Pack index columns (contract, README: Packing): one row per pack, one list item per piece (a token
 # range of one example), plus NUM_TOKENS of the pack.
 PACK_ID = "pack_id"
 PIECE_IDS = "ids"  # example id of each piece
 PIECE_ROWS = "rows"  # the example's global row in its split's data parts (manifest order)
 PIECE_OFFSETS = "offsets"  # first token of the piece inside its example
 PIECE_LENGTHS = "lengths"
-PIECE_TRAINED = "trained"  # False where the packer masks the piece (seed 001)
+PIECE_TRAINED = "trained"  # False where the packer masks the piece (boundary injection)
 
 # `_rejects` columns.
 REASON = "reason"

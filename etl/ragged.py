@@ -1,7 +1,7 @@
 """`Ragged`: B variable-length examples as flat token arrays plus a (start, length) per example.
 
 Both sources of the loader produce it: Arrow list columns (values + offsets, zero copy) and the
-seed-002 episode files (memmapped tokens + episodes.idx). `collate.py` turns it into padded batches.
+episode export's files (memmapped tokens + episodes.idx). `collate.py` turns it into padded batches.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ class PackedBatch:
         segment: (P,) int64 1-based document number of each piece inside its row; consecutive
             pieces of one example share it.
         num_rows: B (rows with no piece are all padding).
-        trained: (P,) bool, False where the packer masks the piece's loss (seed 001), or None.
+        trained: (P,) bool, False where the packer masks the piece's loss (stream packing with
+            boundary injection), or None.
     """
 
     pieces: Ragged

@@ -1,4 +1,4 @@
-"""Seed 000 reference: per-example serialize, mask, truncate+pad and collate, with its exact signatures.
+"""Per-example reference: serialize, mask, truncate+pad and collate, with contract signatures.
 
 Plain Python over lists: the readable statement of the semantics that the vectorized pipeline
 (`etl.pipeline.stages`) and the loader's collate are tested against, never on a hot path.
@@ -39,7 +39,7 @@ def serialize_chat_to_ids(
 
     Starts with `<|ngpt_sys|> ... <|ngpt_eot|>`: the example's own system message when its
     first message is a system message, else `default_system_text`. Every message becomes
-    `[ROLE] content [EOT]`. The seed's "SYS once" describes canonical input (an optional
+    `[ROLE] content [EOT]`. The format's "SYS once" describes canonical input (an optional
     system message first); a system message elsewhere is kept as a system turn where it is,
     as Hugging Face chat templates render it, rather than dropped or merged.
 
@@ -99,9 +99,9 @@ def sft_loss_mask_for_ids(
 ) -> list[bool]:
     """Returns the mask per token position in ids (same length).
 
-    Scanning rule of seed 000: `asst_id` enters assistant mode (the marker itself is False);
-    following tokens are True up to and including the next `eot_id`, which leaves the mode.
-    A system or user marker also leaves it. Everything else is False.
+    Scanning rule of the token-native chat format: `asst_id` enters assistant mode (the marker
+    itself is False); following tokens are True up to and including the next `eot_id`, which
+    leaves the mode. A system or user marker also leaves it. Everything else is False.
     """
     mask: list[bool] = []
     in_assistant = False

@@ -24,7 +24,7 @@ from etl.analysis.reference import Conversation, conversation, load_renderer, to
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 from etl.formats.base import record_keys
-from etl.formats.registry import BuilderQuery, run_builder
+from etl.formats.builders import BuilderQuery, run_builder
 from etl.ingest.discover import UnreadableFile, discover
 from etl.ingest.reader import read_chunks
 from etl.pipeline.build import build_examples, records_frame
@@ -245,7 +245,7 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
         config: run settings; `seq_len` is raised so that nothing is truncated.
         limit: check at most this many good records.
     """
-    config = dataclasses.replace(config, seq_len=NO_TRUNCATION)
+    config = config.replace(seq_len=NO_TRUNCATION)
     ctx = build_resources(config)
     ref = Reference(ctx)
     template = ctx.template.template

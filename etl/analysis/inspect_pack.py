@@ -2,7 +2,7 @@
 
 Reads the split's pack index (`read_pack_index`, checked against the data it was built from) and
 only the row groups of `DST/data/<split>` that hold the pack's examples. A token is shown as
-trained where the data's `loss_mask` and the piece's `trained` flag (seed 001's packer masks
+trained where the data's `loss_mask` and the piece's `trained` flag (the stream packer masks
 whole pieces) are both true: what a packed batch trains.
 """
 

@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from etl.formats.registry import in_batches
+from etl.formats.builders import in_batches
 
 TEXT, ROW, FIRST = "text", "row", "first"
 

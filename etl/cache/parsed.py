@@ -31,7 +31,7 @@ from etl import __version__
 from etl.cache import folder as fo
 from etl.cache.folder import CacheSettings
 from etl.cache.guard import CacheGuard, make_dir, remove, touch, write_file
-from etl.formats.registry import BuilderQuery, run_builder, warn_unread
+from etl.formats.builders import BuilderQuery, run_builder, warn_unread
 from etl.safe_paths import check_no_symlink
 from etl.tokens.tokenizer import BYTES
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from etl import columns as c
 
-# Seed 004: "exact duplicates via MD5 of first 200 chars" of the record's text; `exact`
+# The prefix200 dedup: "exact duplicates via MD5 of first 200 chars" of the record's text; `exact`
 # hashes the whole conversation instead.
 PREFIX_CHARS = 200
 
@@ -131,7 +131,7 @@ def splits(draws: np.ndarray, val_fraction: float) -> pa.Array:
 
 
 def domains(good: pa.Table, default: str = c.DEFAULT_DOMAIN) -> pa.Array:
-    """The builder's `domain` column with nulls as `default` (seed 004: `__default__`)."""
+    """The builder's `domain` column with nulls as `default` (the config file's `__default__`)."""
     if "domain" not in good.column_names:
         return pa.repeat(pa.scalar(default, pa.string()), good.num_rows)
     import pyarrow.compute as pc

@@ -1,7 +1,7 @@
 """Stream input files (found by `etl.ingest.discover`) as bounded chunks of raw JSON records.
 
 Every chunk is an Arrow table `(source_line int64, line large_string)`: one JSON text per
-record, whatever the file type, so one vectorized parser (`etl.formats.registry`) validates them all.
+record, whatever the file type, so one vectorized parser (`etl.formats.builders`) validates them all.
 JSONL is split on newlines with numpy over a byte block (zero-copy strings); JSON arrays and
 Parquet go through DuckDB / pyarrow batch readers. Memory is bounded by `chunk_bytes`.
 """
@@ -173,7 +173,7 @@ def _json_objects(source: Source, fmt: str, chunk_bytes: int, first_bytes: int |
     """
     import duckdb
 
-    from etl.formats.registry import connect
+    from etl.formats.builders import connect
 
     con = connect(threads=1)
     try:
@@ -242,7 +242,7 @@ PARQUET_BATCH_ROWS = 1024  # at most this many rows converted at a time
 def _parquet_chunks(source: Source, chunk_bytes: int, first_bytes: int | None) -> Iterator[pa.Table]:
     import pyarrow.parquet as pq
 
-    from etl.formats.registry import connect
+    from etl.formats.builders import connect
 
     con = connect(threads=1)
     try:

@@ -1,9 +1,9 @@
-"""Attention masks that respect the packing (issue 10 point 3): ``segment_ids`` -> document masks.
+"""Attention masks that respect the packing: ``segment_ids`` -> document masks.
 
 A token may attend to an earlier (causal) token of its own document only; padding (segment 0)
 attends to padding, so no query row is fully masked (a fully masked softmax row is NaN). With
 these masks and `collate_packed`'s reset ``position_ids``, a packed row computes what its
-examples would compute alone. Without them it is seed 003's stream semantics: attention runs
+examples would compute alone. Without them it is chomp's stream semantics: attention runs
 across documents and only the loss is masked at the boundaries.
 
 Two forms, same rule: `document_block_mask` for FlexAttention (block-sparse: skips the blocks

@@ -1,4 +1,4 @@
-"""Collate (seed 000, DESIGN §6): ragged examples -> padded x, y, loss_mask, attention_mask.
+"""Collate: ragged examples -> padded x, y, loss_mask, attention_mask.
 
 Pure numpy: one fancy-index gather per batch from the flat token buffer, no loop per token or
 per example. Variants sit in `COLLATE_FNS`; the Parquet dataset and the episode loader share them.
@@ -13,11 +13,13 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from etl.columns import IGNORE_INDEX
+from etl.columns import CUT_SIDES, IGNORE_INDEX, check_seq_len
 from etl.errors import EtlError
 from etl.ragged import Ragged, from_examples
 
-Truncation = Literal["right", "left"]
+# The side of an over-long example that is cut (the values of `CUT_SIDES`): "right" keeps the
+# first tokens, "left" the last. Not the run's turn policies (the config's `truncation.policy`).
+CutSide = Literal["right", "left"]
 
 
 class CollateFn(Protocol):
@@ -33,7 +35,7 @@ class CollateFn(Protocol):
         use_loss_mask: bool = True,
         mask_dtype: Any = np.bool_,
         ignore_index: int | None = IGNORE_INDEX,
-        truncation: Truncation = "right",
+        truncation: CutSide = "right",
     ) -> dict[str, np.ndarray]: ...
 
 
@@ -66,7 +68,7 @@ def resolve_eos_id(eos_id: int | None, manifest: Mapping[str, Any] | None) -> in
 
 
 def gather_padded(
-    batch: Ragged, *, width: int, pad_id: int, truncation: Truncation = "right"
+    batch: Ragged, *, width: int, pad_id: int, truncation: CutSide = "right"
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Pad or truncate every example to ``width`` tokens with one vectorized gather.
 
@@ -74,16 +76,15 @@ def gather_padded(
         batch: the examples.
         width: tokens per row of the result (S = T + 1).
         pad_id: id written after the end of shorter examples.
-        truncation: ``"right"`` keeps the first ``width`` tokens (seed 002: ``t[:L]``);
-            ``"left"`` keeps the last ``width`` (the final end-of-turn survives, seed 000).
+        truncation: ``"right"`` keeps the first ``width`` tokens (``t[:L]``, as the episode
+            loader cuts); ``"left"`` keeps the last ``width`` (the final end-of-turn survives).
 
     Returns:
         ``(tokens (B, width) int64, valid (B, width) bool, mask (B, width) bool | None,
         weight (B, width) float32 | None)``; mask and weight are 0 on padding.
     """
-    if width < 2:
-        raise EtlError(f"seq_len must be at least 2 (S = T + 1), got {width}")
-    if truncation not in ("right", "left"):
+    check_seq_len(width)
+    if truncation not in CUT_SIDES:
         raise EtlError(f"truncation must be 'right' or 'left', got {truncation!r}")
     lengths = batch.lengths.astype(np.int64, copy=False)
     kept = np.minimum(lengths, width)
@@ -106,7 +107,7 @@ def _gather(
         return np.full(src.shape, fill, dtype=dtype)
     values = flat[src]
     if dtype is np.bool_:
-        values = values != 0  # masks may be stored as uint8 or float32 (seed 002)
+        values = values != 0  # masks may be stored as uint8 or float32 (the episode layout)
     return np.where(valid, values, fill).astype(dtype, copy=False)
 
 
@@ -151,7 +152,7 @@ def collate_fixed(
     use_loss_mask: bool = True,
     mask_dtype: Any = np.bool_,
     ignore_index: int | None = IGNORE_INDEX,
-    truncation: Truncation = "right",
+    truncation: CutSide = "right",
 ) -> dict[str, np.ndarray]:
     """Every batch is (B, T), T = seq_len - 1: fixed shapes, no recompiles or allocator churn.
 
@@ -163,10 +164,11 @@ def collate_fixed(
         seq_len: S = T + 1 tokens per example before the shift.
         pad_id: id used after shorter examples (never trained).
         pad_multiple: ignored here (kept for a common signature).
-        use_loss_mask: False trains every real token (seed 001's POST_TRAINING=False); padding
+        use_loss_mask: False trains every real token (as in pretraining); padding
             is never trained.
-        mask_dtype: dtype of ``loss_mask``: bool (seed 000) or np.float32 (seed 002).
-        ignore_index: value of ``y`` where not trained; None keeps the raw ids (seed 002's y).
+        mask_dtype: dtype of ``loss_mask``: bool, or np.float32 (the episode loader).
+        ignore_index: value of ``y`` where not trained; None keeps the raw ids (the episode
+            loader's y).
         truncation: which end of a too-long example survives, see `gather_padded`.
 
     Returns:
@@ -198,7 +200,7 @@ def collate_longest(
     use_loss_mask: bool = True,
     mask_dtype: Any = np.bool_,
     ignore_index: int | None = IGNORE_INDEX,
-    truncation: Truncation = "right",
+    truncation: CutSide = "right",
 ) -> dict[str, np.ndarray]:
     """Pad only to the longest example, T rounded up to ``pad_multiple`` and capped at seq_len - 1.
 

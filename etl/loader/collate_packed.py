@@ -1,4 +1,4 @@
-"""Packed collate (issue 10, seed 003, DESIGN §6): a `PackedBatch` -> (B, T) arrays + documents.
+"""Packed collate: a `PackedBatch` -> (B, T) arrays + documents.
 
 Each row is its pieces back to back, then ``pad_id``: the shapes of a padded batch
 (`etl.loader.collate`), plus what makes packed training equal unpacked training: ``segment_ids``,
@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from etl.columns import IGNORE_INDEX
-from etl.errors import EtlError
+from etl.columns import IGNORE_INDEX, check_seq_len
+from etl.errors import EtlBug, EtlError
 from etl.ragged import PackedBatch
 
 PackedTarget = Literal["y", "labels"]
@@ -53,11 +53,11 @@ def _pieces(batch: PackedBatch, seq_len: int) -> tuple[np.ndarray, ...]:
         where its segment starts.
 
     Raises:
-        EtlError: S < 2, no rows, rows unsorted or out of range, empty pieces, segments that
-            are not 1, 2, ... in each row, or a row over S tokens: each a bug of the packer.
+        EtlError: S < 2, or a row over S tokens (the packer ran with another S).
+        EtlBug: no rows, rows unsorted or out of range, empty pieces, or segments that are
+            not 1, 2, ... in each row: each a bug of the packer.
     """
-    if seq_len < 2:
-        raise EtlError(f"seq_len must be at least 2 (S = T + 1), got {seq_len}")
+    check_seq_len(seq_len)
     row = batch.row.astype(np.int64, copy=False)
     seg = batch.segment.astype(np.int64, copy=False)
     lengths = batch.pieces.lengths.astype(np.int64, copy=False)
@@ -68,7 +68,7 @@ def _pieces(batch: PackedBatch, seq_len: int) -> tuple[np.ndarray, ...]:
     bad = (row < prev_row) | (lengths < 1) | ((step != 0) & ~new_seg)
     in_range = len(row) == 0 or 0 <= row[0] <= row[-1] < batch.num_rows
     if batch.num_rows < 1 or bad.any() or not in_range:
-        raise EtlError(
+        raise EtlBug(
             "malformed PackedBatch: it needs rows, pieces sorted by row and non-empty, "
             "segments numbered 1, 2, ... in each row; the packer that built it has a bug"
         )
@@ -149,7 +149,7 @@ def _grid(
     ok = cells(it[_TRAINED].astype(bool))  # False on padding
     if use_loss_mask:
         mask = _take(batch.pieces.mask, src)  # type: ignore[arg-type]
-        ok &= mask if mask.dtype == np.bool_ else mask != 0  # uint8 or float32 (seed 002)
+        ok &= mask if mask.dtype == np.bool_ else mask != 0  # uint8 or float32 (episode-style masks)
     if eos_id is not None:
         ok &= tokens != eos_id
     if boundary:  # no label is a document's first token: one write per document
@@ -221,7 +221,7 @@ def collate_packed(
 
     Trade-off: fixed shapes and ~no padding, but the model must read ``segment_ids`` (document
     mask, `etl.loader.attention`) and ``position_ids`` to train as if unpacked; otherwise it is
-    seed 003's stream semantics (attention crosses documents, only the loss is masked).
+    chomp's stream semantics (attention crosses documents, only the loss is masked).
 
     A label is trained iff its token is real, its data mask is on (``use_loss_mask``), its
     piece's ``trained`` flag is set, it is not a document's first token
@@ -232,13 +232,13 @@ def collate_packed(
         seq_len: S = T + 1 tokens per row before the shift.
         pad_id: id after a row's last piece (segment 0, never trained).
         use_loss_mask: False trains every real token (never padding).
-        mask_dtype: dtype of ``loss_mask``: bool (seed 000) or np.float32 (seed 002).
+        mask_dtype: dtype of ``loss_mask``: bool (the default collate) or np.float32 (the episode loader).
         ignore_index: label where not trained; None keeps the raw ids.
-        target: ``"y"`` (seed 000: ``x`` = t[:-1], ``y`` = t[1:]) or ``"labels"`` (seed 003:
+        target: ``"y"`` (``x`` = t[:-1], ``y`` = t[1:]) or ``"labels"`` (chomp-style:
             ``input_ids`` = ``labels`` = t[:-1], the model shifts, so token S - 1 of a full
             row is never predicted).
-        mask_boundary_loss: seed 003: nothing predicts the next document's first token.
-        train_on_eos: seed 003: False ignores every label equal to ``eos_id``.
+        mask_boundary_loss: nothing predicts the next document's first token.
+        train_on_eos: False ignores every label equal to ``eos_id``.
         eos_id: the eos id; required when ``train_on_eos`` is False.
 
     Returns:
@@ -253,8 +253,9 @@ def collate_packed(
         per example; ``loss_weight`` (B, T) float32, 0 where untrained, if the data has weights.
 
     Raises:
-        EtlError: a row over S tokens, a malformed batch, no loss mask while
-            ``use_loss_mask``, or ``train_on_eos=False`` without ``eos_id``.
+        EtlError: a row over S tokens, no loss mask while ``use_loss_mask``, or
+            ``train_on_eos=False`` without ``eos_id``.
+        EtlBug: a malformed batch (a bug of the packer that built it).
     """
     if use_loss_mask and batch.pieces.mask is None:
         raise EtlError(

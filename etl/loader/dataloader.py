@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from etl.errors import EtlError, EtlWarning
 from etl.loader.balance import TokenBalance, token_balance
-from etl.loader.collate import COLLATE_FNS, Truncation, resolve_eos_id, resolve_pad_id
+from etl.loader.collate import COLLATE_FNS, CutSide, resolve_eos_id, resolve_pad_id
 from etl.loader.dataset import ParquetDataset
 from etl.loader.device import TorchCollate, resolve_device, to_device
 from etl.loader.domain_mix import DomainMix, dataset_domain_mix
@@ -66,10 +66,10 @@ class ParquetLoader:
             add ``segment_ids``, ``position_ids``, ``cu_seqlens``, ``max_seqlen`` and
             ``segment_trained``; ``collate`` and ``min_tokens`` do not apply with an index.
         pack_options: packer keywords (``buffer_docs``, ``max_docs_per_bin``).
-        target: ``y`` (x/y, shifted here) or ``labels`` (input_ids/labels, the model shifts;
-            seed 003); packed batches only.
-        mask_boundary_loss: packed: no label predicts the next document's first token (seed 003).
-        train_on_eos: packed: False sets every label equal to ``eos_id`` to -100 (seed 003).
+        target: ``y`` (x/y, shifted here) or ``labels`` (input_ids/labels, the model shifts,
+            chomp-style); packed batches only.
+        mask_boundary_loss: packed: no label predicts the next document's first token.
+        train_on_eos: packed: False sets every label equal to ``eos_id`` to -100.
         eos_id: default the manifest's last ``eos_ids``, else its ``eot_id``.
         balance_tokens: deal every step's B x world_size rows (or packs) to ranks so that each
             rank gets B of them and nearly the same real tokens (`etl.loader.balance`); True is
@@ -102,7 +102,7 @@ class ParquetLoader:
         pad_multiple: int = 64,
         use_loss_mask: bool = True,
         mask_dtype: Literal["bool", "float32"] = "bool",
-        truncation: Truncation = "right",
+        truncation: CutSide = "right",
         min_tokens: int = 2,
         num_workers: int = 0,
         rank: int | None = None,
@@ -169,7 +169,7 @@ class ParquetLoader:
         *,
         pack_options: dict[str, Any] | None,
         window: int,
-        truncation: Truncation,
+        truncation: CutSide,
         collate_options: dict[str, Any],
         **common: Any,
     ) -> None:
@@ -190,7 +190,7 @@ class ParquetLoader:
         *,
         pad_multiple: int,
         use_loss_mask: bool,
-        truncation: Truncation,
+        truncation: CutSide,
         mask_dtype: str,
     ) -> TorchCollate:
         """The batch builder: `strategy` from COLLATE_FNS with this loader's S and pad id."""

@@ -44,7 +44,7 @@ class ParquetDataset(torch.utils.data.Dataset):
     Args:
         dst: an ``etl run`` output directory (with ``_manifest.json``).
         split: ``train`` or ``val``.
-        min_tokens: skip examples shorter than this (seed 002 ``episode_min_tokens``); 0 keeps all.
+        min_tokens: skip examples shorter than this (the episode loader's ``episode_min_tokens``); 0 keeps all.
         cache_row_groups: decoded row groups always kept per process (~5 bytes per token).
         cache_mb: keep more row groups while they fit in this many MiB (per process, so per
             DataLoader worker): a split that fits is read once, whatever the shuffle.

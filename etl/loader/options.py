@@ -6,6 +6,7 @@ import warnings
 
 import torch.distributed as dist
 
+from etl.columns import MIN_SEQ_LEN
 from etl.errors import EtlError
 
 
@@ -13,7 +14,7 @@ def _seq_len_error(given: int | None, run_seq_len: int | None) -> str:
     """What is wrong with seq_len and the values it takes (the run's S when there is one)."""
     what = (
         "seq_len is S, the tokens per example before the shift (x and y hold T = S - 1), "
-        "so it must be an integer of 2 or more"
+        f"so it must be an integer of {MIN_SEQ_LEN} or more"
     )
     if given is None:
         return f"the output's manifest has no seq_len; pass seq_len=S: {what}"
@@ -29,7 +30,7 @@ def resolve_seq_len(given: int | None, run_seq_len: int | None, truncation: str,
         EtlError: S below 2 (one token makes no (x, y) pair at all).
     """
     resolved = int(run_seq_len or 0) if given is None else int(given)
-    if resolved < 2:
+    if resolved < MIN_SEQ_LEN:
         raise EtlError(_seq_len_error(given, run_seq_len))
     if run_seq_len and resolved < int(run_seq_len) and not splits:
         # etl run truncated whole turns to its S; cutting again here is token-level and can

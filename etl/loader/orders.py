@@ -1,7 +1,7 @@
 """Epoch orders: seeded permutations (with block shuffling), draws with replacement, rank splits.
 
 Pure functions of (seed + epoch, rank, world_size), shared by the batch samplers
-(`etl.loader.samplers`), the pack sampler and the seed-002 episode loader.
+(`etl.loader.samplers`), the pack sampler and the episode loader.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def epoch_order(
     blocks: int | np.ndarray = 0,
     mix: int = 1,
 ) -> np.ndarray:
-    """The order of rows in one epoch: a permutation seeded by ``seed + epoch`` (seed 002).
+    """The order of rows in one epoch: a permutation seeded by ``seed + epoch`` (deterministic epochs).
 
     Block shuffling (``blocks`` != 0) trades randomness for locality: rows are grouped into blocks
     (ideally one per Parquet row group), the block order is permuted, and rows are shuffled inside

@@ -19,7 +19,7 @@ class PackRequest:
         start, length: (P,) token range of each piece inside its example.
         row: (P,) batch row of each piece; segment: (P,) its 1-based document in that row.
         num_rows: B.
-        trained: (P,) bool piece flags (seed 001), or None.
+        trained: (P,) bool piece flags (boundary injection), or None.
     """
 
     rows: np.ndarray

@@ -225,7 +225,7 @@ def make_pack_sampler(
 
 
 def dataset_turns(dataset: ParquetDataset) -> TurnSpans:
-    """Seed 001's turn spans of the dataset's examples, numbered by dataset row."""
+    """Turn spans of the dataset's examples for the stream packer, numbered by dataset row."""
     ids = pa.concat_tables([open_part(p).read(columns=[ID]) for p in dataset.files]).column(ID)
     spans = stream_turns(dataset.dst, dataset.split, dataset.manifest, ids)
     return spans.take_docs(dataset.global_rows())

@@ -35,7 +35,7 @@ STAGING = c.STAGING_DIR
 # holds the bytes its record lists (a sha256 of a few KB); once edited it is the user's.
 EDITABLE = frozenset({c.CARD_FILE})
 # Top-level names of an output folder that etl writes: no input may lie under them, and no
-# seed-004 domain folder may take them (compared casefolded: macOS/Windows ignore case).
+# bin/h5 export domain folder may take them (compared casefolded: macOS/Windows ignore case).
 RESERVED = frozenset(
     n.casefold()
     for n in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR, c.VAL_STORAGE_DIR, c.PACKS_DIR, *RECORDS.values(),
@@ -131,7 +131,7 @@ def check_inputs(folder: Path, src_root: Path, *, storage: bool) -> bool:
     """Refuse an output folder that would mix with the inputs; True when SRC lies inside it.
 
     DST == SRC (or the folder of an input file) mixes the two and is refused. SRC inside DST
-    (`etl run out/raw out/`) is fine while SRC's top folder is not one etl writes (and no seed-004
+    (`etl run out/raw out/`) is fine while SRC's top folder is not one etl writes (and no bin/h5
     domain folders are written into DST). DST inside SRC is fine: the caller skips DST's files.
     """
     dst, root = folder.resolve(), src_root.resolve()
@@ -144,7 +144,7 @@ def check_inputs(folder: Path, src_root: Path, *, storage: bool) -> bool:
         return False
     top = root.relative_to(dst).parts[0]
     if top.casefold() in RESERVED or storage:
-        why = "a folder etl writes" if top.casefold() in RESERVED else "where seed-004 domain folders go"
+        why = "a folder etl writes" if top.casefold() in RESERVED else "where bin/h5 domain folders go"
         raise EtlError(
             f"the input {src_root} lies inside {folder}/{top}, {why}; move the input out of {folder}"
         )

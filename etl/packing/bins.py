@@ -1,4 +1,4 @@
-"""Bin packers (seed 003's bin mode): best-fit and first-fit decreasing, every example whole.
+"""Bin packers (chomp-style bin packing): best-fit and first-fit decreasing, every example whole.
 
 Whole input: items by runs of equal length, longest first (at most S runs); the k items of one
 length are interchangeable, so a bin takes as many as fit at once (a numpy step per run, not per
@@ -226,9 +226,9 @@ def bfd(
         lengths: (N,) tokens of every example (>= 1 each).
         seq_len: S, the most tokens in a bin.
         seed: unused (no random choice; ties are broken by bin id); kept for `PackFn`.
-        buffer_docs: pack each window of this many consecutive examples on its own (seed 003's
+        buffer_docs: pack each window of this many consecutive examples on its own (chomp's
             ``packing_buffer_docs``; TRL's default is 1,000); None packs the whole input at once.
-        max_docs_per_bin: most examples in one bin (seed 003's ``packing_max_docs_per_bin``).
+        max_docs_per_bin: most examples in one bin (chomp's ``packing_max_docs_per_bin``).
 
     Returns:
         One piece per example; bins numbered in opening order, window after window.
@@ -245,7 +245,7 @@ def ffd(
     lengths: np.ndarray, *, seq_len: int, seed: int = 0, buffer_docs: int | None = None,
     max_docs_per_bin: int | None = None,
 ) -> Packing:
-    """First-fit decreasing (seed 003's bin packer): longest first, into the oldest bin that fits.
+    """First-fit decreasing (chomp's bin packer): longest first, into the oldest bin that fits.
 
     Trade-off: as many bins as `bfd` on T0, but not always: [11, 7, 5, 3, 2, 2] at S=15 takes 3
     bins, BFD 2 (the 3 goes to the older, roomier bin). Each run scans the open bins,

@@ -131,7 +131,7 @@ def build_pack_index(
         split: the split to pack (`data/<split>`).
         strategy: a name of `PACKERS` (bfd, ffd, sequential, stream).
         seq_len: S, the most tokens of a pack.
-        seed: seed of the packer's random choices (seed 001's stream has none either; kept).
+        seed: seed of the packer's random choices (the stream packer has none either; kept).
         truncation: ``right`` (first S tokens) or ``left`` (last S) for an example longer than S
             that a whole-example packer (bfd, ffd) places; sequential and stream split it.
         **options: the packer's knobs; None values are left out (the packer's default).
@@ -147,10 +147,9 @@ def build_pack_index(
     if strategy not in PACKERS:
         raise EtlError(f"packing strategy {strategy!r} is not available here; choose one of "
                        f"{', '.join(sorted(PACKERS))}")
-    if truncation not in c.PACK_TRUNCATIONS:
-        raise EtlError(f"truncation must be one of {', '.join(c.PACK_TRUNCATIONS)}, got {truncation!r}")
-    if int(seq_len) < 1:
-        raise EtlError(f"--seq-len must be at least 1, got {seq_len}")
+    if truncation not in c.CUT_SIDES:
+        raise EtlError(f"truncation must be one of {', '.join(c.CUT_SIDES)}, got {truncation!r}")
+    c.check_seq_len(int(seq_len))
     manifest = read_manifest(dst)
     parts = split_parts(dst, split, manifest)
     table = _read_columns(parts, [c.ID, c.NUM_TOKENS])
@@ -175,7 +174,7 @@ def build_pack_index(
 
 
 def stream_turns(dst: str | os.PathLike[str], split: str, manifest: dict[str, Any], ids: Any) -> Any:
-    """Seed 001's role spans of the split's examples, from its kept `turns` rows."""
+    """Role spans of the split's examples for the stream packer, from its kept `turns` rows."""
     from etl.packing.turn_spans import header_lengths, turn_spans
 
     parts = listed_parts(dst, f"{c.TURNS_DIR}/{split}", manifest=manifest)

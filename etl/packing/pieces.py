@@ -2,8 +2,8 @@
 
 A piece is a token range of one example; a pack is the pieces placed in one row of at most S
 tokens. Whole-example packers (bfd, ffd) have one piece per example; sequential windows split an
-example into pieces; seed 001's stream packer repeats an example's system span and user header as
-extra, untrained pieces. Arrays only: 1M pieces cost ~40 MB.
+example into pieces; stream packing with boundary injection repeats an example's system span and
+user header as extra, untrained pieces. Arrays only: 1M pieces cost ~40 MB.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Packing:
         pack: (P,) int64 pack of each piece, non-decreasing.
         num_packs: number of packs.
         trained: (P,) bool, False where the packer masks the piece's loss whatever the data's
-            loss_mask (seed 001's rules); None when every piece keeps the data's mask.
+            loss_mask (the stream packer's boundary rules); None when every piece keeps the data's mask.
     """
 
     doc: np.ndarray
@@ -65,7 +65,7 @@ class Packing:
     def segments(self) -> np.ndarray:
         """(P,) int64 1-based document number of each piece inside its pack.
 
-        Consecutive pieces of one example in one pack (seed 001's injected system span, user
+        Consecutive pieces of one example in one pack (the stream packer's injected system span, user
         header and the continuation) are one segment: one document for attention and positions.
         """
         n = len(self)

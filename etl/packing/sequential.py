@@ -1,4 +1,4 @@
-"""Seed 003's sequential packer: the documents as one token stream cut into windows of S tokens.
+"""Chomp-style sequential packer: the documents as one token stream cut into windows of S tokens.
 
 Fully vectorized: a cumsum of the lengths and breakpoints at multiples of S (1M documents ~50 ms).
 """
@@ -12,7 +12,7 @@ from etl.packing.pieces import Packing
 
 
 def sequential(lengths: np.ndarray, *, seq_len: int, seed: int = 0) -> Packing:
-    """Windows of exactly ``seq_len`` tokens over the documents in stream order (seed 003 default).
+    """Windows of exactly ``seq_len`` tokens over the documents in stream order (chomp's default mode).
 
     Documents are appended to a rolling buffer in the order given and every ``seq_len`` tokens
     the buffer is emitted as one pack, so a document is split across windows (its later pieces

@@ -1,10 +1,11 @@
-"""Seed 001's post-training stream packer: documents cut into blocks of S tokens, rewritten at cuts.
+"""Stream packing with boundary injection: documents cut into blocks of S tokens, rewritten at cuts.
 
 The examples are concatenated in order (each already ends with the template's EOS, a conversation
 reset) and cut every S tokens. A block that starts inside a user span is rewritten to start with
 the document's system span and the user header (extra, untrained pieces of the same example); an
 assistant span trains only when its user span lies whole in the same block. Any template works:
-the spans come from the `turns` table (`TurnSpans`), post_training's ``<|USER|>`` is the seed's case.
+the spans come from the `turns` table (`TurnSpans`); post_training's ``<|USER|>`` is the case the
+rules were written for.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def _cut_blocks(offsets: np.ndarray, users: _Users, seq_len: int) -> tuple[_Bloc
                 g, skipped = doc_end, skipped + 1
                 continue
             end = g + room
-            # Seed 001: a block that starts mid-user and ends before that user's end stops
+            # Boundary injection: a block that starts mid-user and ends before that user's end stops
             # packing the rest of that document (its assistant would dangle).
             nxt = doc_end if end < u_end[k] else min(end, total)
             found.append((g, min(end, total), k))
@@ -134,7 +135,7 @@ def _segments(offsets: np.ndarray, blocks: _Blocks) -> tuple[np.ndarray, ...]:
 
 
 def _masked(turns: TurnSpans, offsets: np.ndarray, users: _Users, blocks: _Blocks) -> tuple[np.ndarray, np.ndarray]:
-    """Assistant spans seed 001 masks, as sorted ``(start, end)`` in stream coordinates.
+    """Assistant spans the stream packer masks, as sorted ``(start, end)`` in stream coordinates.
 
     Trained only when the span's user turn (the last one before it in its document) and the whole
     span lie in one block, the user from its first token (not a rewritten continuation). Masked
@@ -200,13 +201,13 @@ def _injected(offsets: np.ndarray, users: _Users, blocks: _Blocks) -> tuple[np.n
 
 
 def stream(lengths: np.ndarray, *, seq_len: int, seed: int = 0, turns: TurnSpans) -> Packing:
-    """Seed 001's stream packing: concatenate in order, cut every ``seq_len`` tokens, rewrite cuts.
+    """Stream packing with boundary injection: concatenate, cut every ``seq_len`` tokens, rewrite cuts.
 
     Trade-off: no padding (every block but the last holds exactly ``seq_len`` tokens) and the
     order is kept, but documents are split across blocks, rewrites repeat system spans and user
     headers, and assistant spans cut by a block boundary lose their loss.
 
-    Rules (``../shared/seeds/001``), with documents = examples (each ends with the template's
+    Rules, with documents = examples (each ends with the template's
     EOS, so a document boundary resets the conversation: no system span crosses it):
 
     - A block starting strictly inside a user span begins with the document's last system span

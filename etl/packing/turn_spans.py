@@ -1,7 +1,7 @@
 """`TurnSpans`: the kept turns of a split as arrays (example row, token range, role, header length).
 
-Seed 001's stream packer needs where each system/user/assistant span lies in its example; the
-`turns` table has it by example `id`. This maps ids to data rows with one hash lookup
+Stream packing with boundary injection needs where each system/user/assistant span lies in its
+example; the `turns` table has it by example `id`. This maps ids to data rows with one hash lookup
 (`pc.index_in`): ~0.35 s per 1M turns of 250k examples in data order as `etl run` writes them,
 ~0.8 s shuffled (a lexsort more), and keeps only numpy arrays: 1M turns cost ~33 MB.
 """

@@ -1,4 +1,4 @@
-"""Bin packing in windows of ``buffer_docs`` documents (seed 003's knob), all windows at once.
+"""Bin packing in windows of ``buffer_docs`` documents (a chomp-style packing knob), all windows at once.
 
 One numpy step per rank inside a window, over every window side by side: a per-window call of
 the run-by-run core in `bins.py` costs ~40 ms per 1,000-document window (38 s for 1M lengths).

@@ -2,7 +2,7 @@
 transformers tokenizers, tiktoken `Encoding`s, etl's `ByteTokenizer` and duck-typed objects.
 
 Content is always encoded as text (special-token strings in it never become special ids); token
-lookup returns None for a token the tokenizer does not know. Used by `etl.sft` (seed 000).
+lookup returns None for a token the tokenizer does not know. Used by `etl.sft` (the per-example reference).
 """
 
 from __future__ import annotations

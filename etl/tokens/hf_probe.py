@@ -222,7 +222,7 @@ def split_tail(tail: str, specials: Sequence[str], *, role: str) -> tuple[str, s
     """(end, sep, the special token that closes end): the end runs through the last special token.
 
     Without a special token a non-assistant tail is all end; an assistant turn must close with
-    one, since its end-of-turn token is trained and is the default pad id (DESIGN §6).
+    one, since its end-of-turn token is trained and is the default pad id of the loader's collate.
     """
     hits = [(tail.rfind(s) + len(s), s) for s in specials if s in tail]
     if not hits:

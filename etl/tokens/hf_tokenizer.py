@@ -168,7 +168,7 @@ class HFTokenizer:
     def _encode_pieces(self, pieces: pa.LargeStringArray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
         """(flat int32 ids, ids per piece, seconds copying ids): batched calls of at most
         ENCODE_CHUNK pieces and about ENCODE_BYTES of text; the tokenizer's batched call is the
-        one per-text step the pipeline has (DESIGN §3)."""
+        one per-text step the pipeline has (content is tokenized per turn in one batched call)."""
         flats, lengths = [np.zeros(0, np.int32)], [np.zeros(0, np.int64)]
         start, ids_seconds = 0, 0.0
         while start < len(pieces):

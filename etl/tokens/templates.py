@@ -1,8 +1,8 @@
 """Chat templates: per role a header, an end-of-turn and a separator, plus preset names.
 
 A `Template` is strings; `resolve_template` turns it into ids with a tokenizer once per run
-(headers and ends are constant per role, DESIGN §3), giving the small role table the
-pipeline joins onto its per-turn rows.
+(headers and ends are constant per role, so each is tokenized once), giving the small role table
+the pipeline joins onto its per-turn rows.
 """
 
 from __future__ import annotations
@@ -69,11 +69,11 @@ THINK = ReasoningFormat()  # Qwen3 / DeepSeek-R1: <think>\nR\n</think>\n\n befor
 
 @dataclass(frozen=True)
 class Template:
-    """A chat format. `eot` is the end-of-turn token (the default pad id, seed 000).
+    """A chat format. `eot` is the end-of-turn token (the default pad id of the collate).
 
-    `bos`/`eos` are added once per conversation (llama3's `<|begin_of_text|>`, seed 001's
+    `bos`/`eos` are added once per conversation (llama3's `<|begin_of_text|>`, post_training's
     `<|EOS|>` record separator); they are never trained. `train_header` is the template's
-    default for training the assistant header marker (seed 001 trains `<|ASSISTANT|>`).
+    default for training the assistant header marker (post_training trains `<|ASSISTANT|>`).
     """
 
     name: str
@@ -105,7 +105,7 @@ PRESETS: dict[str, Template] = {
         },
         special_tokens=(NGPT_SYS, NGPT_USR, NGPT_ASST, NGPT_EOT),
         eot=NGPT_EOT,
-        notes="seed 000: token-native role markers, EOT is the only stop boundary",
+        notes="token-native role markers, EOT is the only stop boundary",
     ),
     "post_training": Template(
         name="post_training",
@@ -118,7 +118,7 @@ PRESETS: dict[str, Template] = {
         eot="<|END|>",
         eos="<|EOS|>",
         train_header=True,
-        notes="seed 001: <|ASSISTANT|> ... <|END|> trained inclusive; <|EOS|> ends each record",
+        notes="post-training format: <|ASSISTANT|> ... <|END|> trained inclusive; <|EOS|> ends each record",
     ),
     "chatml": Template(
         name="chatml",
@@ -239,7 +239,7 @@ def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateId
     if len(eot) != 1:
         raise EtlError(f"template {template.name}: end-of-turn {template.eot!r} must be one token, got {eot}")
     special_ids = {tok: tid for tok in specials if (tid := tokenizer.special_id(tok)) is not None}
-    # `text` (pretraining, seed 004) is bare content in every template.
+    # `text` (pretraining input of the config file) is bare content in every template.
     roles = {"text": RoleFormat("", "", ""), **template.roles}
     return TemplateIds(
         template=template,

@@ -4,7 +4,7 @@ encoding of template strings.
 `encode_texts` is the only per-text work of the pipeline: it takes an Arrow string array and
 returns an Arrow `large_list<int32>` array, so callers never touch Python lists of ids.
 Message content is always encoded as text: special-token strings inside it never become
-special ids (DESIGN §3). Only `encode_template_text` maps special-token strings to their ids.
+special ids (security). Only `encode_template_text` maps special-token strings to their ids.
 Hugging Face tokenizers are in `hf_tokenizer` (long texts cut by `cutting`); `loading` picks one.
 """
 

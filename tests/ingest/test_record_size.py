@@ -26,7 +26,7 @@ from etl.cli import main
 from etl.config.from_file import config_from_dict
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
-from etl.formats.registry import (
+from etl.formats.builders import (
     BUILDERS,
     DEFAULT_MAX_RECORD_BYTES,
     TOO_LARGE,

@@ -93,7 +93,7 @@ def _inspect(dst: Path, tmp: Path) -> None:
 
 
 def _export(dst: Path, tmp: Path) -> None:
-    from etl.loader.episodes import export_episodes
+    from etl.export.episodes import export_episodes
 
     export_episodes(dst, tmp / "episodes")
 
