@@ -18,6 +18,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
+from tqdm import tqdm
 
 from etl import columns as c
 from etl.analysis.reference import Conversation, conversation, load_renderer, tools_column
@@ -30,6 +31,7 @@ from etl.ingest.reader import read_chunks
 from etl.pipeline.build import build_examples, records_frame
 from etl.pipeline.resources import Resources, build_resources
 from etl.tokens.chat_jinja import chat_template_source, special_tokens_map, token_string
+from etl.tokens.hf_template import HF, resolve_template_name
 from etl.tokens.tool_json import BadToolJson
 
 BAD_TOOL_JSON = "bad_tool_json"  # a call or tool list the reference cannot parse: counted, not checked
@@ -39,7 +41,7 @@ ALIGN_SPAN = 64  # tokens after it that difflib aligns (quadratic at worst: keep
 
 
 @dataclass(frozen=True)
-class Diff:
+class _Diff:
     """The first differing example: where the ids part and the aligned token pieces around it."""
 
     id: str
@@ -74,7 +76,7 @@ class CheckReport:
     identical_as_data: int | None = None
     rejected: dict[str, int] = field(default_factory=dict)
     record_keys: list[str] = field(default_factory=list)
-    first_diff: Diff | None = None
+    first_diff: _Diff | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -84,10 +86,11 @@ class CheckReport:
         return out
 
 
-class Reference:
+class _Reference:
     """The tokenizer's own chat template (see `load_renderer`) and a raw `tokenizers` decoder for pieces."""
 
     def __init__(self, ctx: Resources) -> None:
+        # tokenizers: only when the reference tokenizer loads
         from tokenizers import Tokenizer
 
         path = getattr(ctx.tokenizer, "path", None)
@@ -108,8 +111,6 @@ class Reference:
         self.bos_id = self.raw.token_to_id(bos) if bos else None
 
     def encode(self, conversations: list[Conversation]) -> list[list[int]]:
-        from tqdm import tqdm
-
         # The template renders one conversation at a time (a diagnostic, not a hot path): show progress.
         rendering = tqdm(conversations, desc="check-template", unit="ex", disable=None, leave=False)
         return self.renderer.ids(rendering)
@@ -125,7 +126,7 @@ class Reference:
         texts = [m.get(key) or "" for m in conv.messages for key in ("content", "reasoning_content")]
         return any(s in text for text in texts for s in self.specials)
 
-    def diff(self, example_id: str, ours: list[int], theirs: list[int]) -> Diff:
+    def diff(self, example_id: str, ours: list[int], theirs: list[int]) -> _Diff:
         """Token rows around the first difference, aligned by difflib so an extra token shows as a gap."""
         common = min(len(ours), len(theirs))
         pos = next((i for i in range(common) if ours[i] != theirs[i]), common)
@@ -137,7 +138,7 @@ class Reference:
                 rows.append(self._row(None if i is None else lo + i, a[i] if i is not None else None,
                                       None if j is None else lo + j, b[j] if j is not None else None, tag))
         first = next((k for k, r in enumerate(rows) if r["differs"]), len(rows))
-        return Diff(example_id, pos, len(ours), len(theirs), rows[: first + WINDOW_AFTER + 1])
+        return _Diff(example_id, pos, len(ours), len(theirs), rows[: first + WINDOW_AFTER + 1])
 
     def _row(self, i: int | None, a: int | None, j: int | None, b: int | None, tag: str) -> dict[str, Any]:
         return {"pipeline_index": i, "pipeline_id": a, "pipeline_piece": self._piece(a),
@@ -148,14 +149,12 @@ class Reference:
         return None if token_id is None else self.raw.id_to_token(token_id)
 
 
-def own_default_system(ctx: Resources) -> str | None:
+def _own_default_system(ctx: Resources) -> str | None:
     """The system text the tokenizer's chat_template inserts when a conversation has none.
 
     With a preset template (`--template chatml`) it is derived from the chat_template as `hf`
     would; a chat_template `hf` cannot express gives None: this only feeds a hint.
     """
-    from etl.tokens.hf_template import HF, resolve_template_name
-
     if ctx.config.template == HF:
         return getattr(ctx.template.template, "default_system", None)
     try:
@@ -206,7 +205,7 @@ def _conversations(records: pl.DataFrame, tools: list[str | None], plan: pl.Data
     return convs
 
 
-def compare_chunk(records: pl.DataFrame, tools: list[str | None], ctx: Resources, ref: Reference,
+def _compare_chunk(records: pl.DataFrame, tools: list[str | None], ctx: Resources, ref: _Reference,
                   report: CheckReport) -> None:
     """Run the pipeline on one chunk of records and compare every example with the reference.
 
@@ -247,18 +246,18 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
     """
     config = config.replace(seq_len=NO_TRUNCATION)
     ctx = build_resources(config)
-    ref = Reference(ctx)
+    ref = _Reference(ctx)
     template = ctx.template.template
     report = CheckReport(template=template.name, tokenizer=ctx.tokenizer.name, reference=ref.renderer.description,
                          default_system=config.default_system, template_notes=template.notes,
-                         input_type=config.input_type, template_default_system=own_default_system(ctx))
+                         input_type=config.input_type, template_default_system=_own_default_system(ctx))
     query = ctx.builder_query()
     for source in discover(src):
         try:
             for raw in read_chunks(source, chunk_bytes=config.chunk_bytes):
                 good = _good_rows(raw, ctx, query, report, room=None if limit is None else limit - report.examples)
                 if good.num_rows:
-                    compare_chunk(records_frame(source.name, good), tools_column(good), ctx, ref, report)
+                    _compare_chunk(records_frame(source.name, good), tools_column(good), ctx, ref, report)
                 if limit is not None and report.examples >= limit:
                     return report
         except UnreadableFile as exc:  # counted like `etl run` counts it: one reject, and go on

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
+
 from etl import columns as C
 from etl.analysis.inspect_render import (
     TRAIN_CLOSE,
@@ -21,6 +23,7 @@ from etl.analysis.inspect_render import (
     rich_legend,
 )
 from etl.errors import EtlError
+from etl.output.parts import listed_parts, listed_splits, open_part
 from etl.tokens.loading import load_tokenizer, load_tokenizer_from_manifest
 from etl.tokens.tokenizer import BYTES, TextTokenizer
 
@@ -45,8 +48,6 @@ def read_example(
     Raises:
         EtlError: the split does not exist, the row is out of range or the id is not found.
     """
-    from etl.output.parts import open_part
-
     files = _split_files(dst, C.DATA_DIR, split)
     offset = 0
     for path in files:
@@ -78,10 +79,8 @@ def read_example(
 
 def read_turns(dst: str | os.PathLike[str], *, split: str, example_id: str) -> list[dict[str, Any]]:
     """The rows of `DST/turns/<split>` of one example, by `turn_index` (empty without turns)."""
-    import pyarrow.compute as pc
+    # pyarrow.dataset (~400 modules): only when turns are read
     import pyarrow.dataset as ds
-
-    from etl.output.parts import listed_parts
 
     files = [str(p) for p in listed_parts(dst, f"{C.TURNS_DIR}/{split}")]
     if not files:
@@ -104,13 +103,13 @@ def token_strings(
         tokenizer: a tokenizer path (or `bytes`) to use instead of the manifest's path; it
             must be the same tokenizer (same sha256) as the run's.
     """
-    strings = load_run_tokenizer(manifest, override=tokenizer).token_strings(list(ids))
+    strings = _load_run_tokenizer(manifest, override=tokenizer).token_strings(list(ids))
     if (manifest.get("tokenizer") or {}).get("name") == BYTES:
         strings = _join_utf8(ids, strings)
     return strings
 
 
-def load_run_tokenizer(manifest: dict[str, Any], *, override: str | None = None) -> TextTokenizer:
+def _load_run_tokenizer(manifest: dict[str, Any], *, override: str | None = None) -> TextTokenizer:
     """The tokenizer a run used: from the manifest's path, or `override`, checked by sha256.
 
     Raises:
@@ -164,7 +163,7 @@ def describe(example: dict[str, Any], turns: Sequence[dict[str, Any]]) -> list[s
     return lines
 
 
-def turn_marker(turn: dict[str, Any]) -> str:
+def _turn_marker(turn: dict[str, Any]) -> str:
     """The line printed where a kept turn starts."""
     state = "trained" if turn[C.TRAINED] else "not trained"
     return (
@@ -201,6 +200,7 @@ def render_rich(
     special_ids: set[int],
 ) -> list[Any]:
     """Rich renderables: header, legend, then the tokens, styled by mask, shaded by position."""
+    # rich: only for the coloured rendering, not --plain
     from rich.text import Text
 
     header = Text("\n".join(describe(example, turns)), style="bold")
@@ -241,14 +241,12 @@ def _turn_markers(turns: Sequence[dict[str, Any]]) -> dict[int, list[str]]:
     starts: dict[int, list[str]] = {}
     for turn in turns:
         if turn[C.KEPT] and turn[C.START] is not None and turn[C.START] >= 0:
-            starts.setdefault(turn[C.START], []).append(turn_marker(turn))
+            starts.setdefault(turn[C.START], []).append(_turn_marker(turn))
     return starts
 
 
 def _split_files(dst: str | os.PathLike[str], folder: str, split: str) -> list[Path]:
     """The parts the manifest lists for the split, checked (sha256 too: inspect is one-off)."""
-    from etl.output.parts import listed_parts, listed_splits
-
     files = listed_parts(dst, f"{folder}/{split}", checksum=True)
     if not files:
         splits = listed_splits(dst)

@@ -78,7 +78,7 @@ def _read_rows(dst: str | os.PathLike[str], split: str, rows: Sequence[int]) -> 
     return out
 
 
-def describe_pack(pack: dict[str, Any]) -> list[str]:
+def _describe_pack(pack: dict[str, Any]) -> list[str]:
     """Header lines: which pack, its fill and what it holds."""
     n, s = len(pack[C.INPUT_IDS]), pack["seq_len"]
     examples = len({piece["row"] for piece in pack["pieces"]})
@@ -89,7 +89,7 @@ def describe_pack(pack: dict[str, Any]) -> list[str]:
             f"{fill} · trained {sum(pack[C.LOSS_MASK])} · {held}"]
 
 
-def piece_marker(piece: dict[str, Any]) -> str:
+def _piece_marker(piece: dict[str, Any]) -> str:
     """The line printed where a piece starts."""
     start, end = piece["offset"], piece["offset"] + piece["length"]
     masked = "" if piece["trained"] else " · masked by the packer"
@@ -99,18 +99,19 @@ def piece_marker(piece: dict[str, Any]) -> str:
 
 def _markers(pack: dict[str, Any]) -> dict[int, list[str]]:
     at = np.cumsum([0] + [piece["length"] for piece in pack["pieces"]])
-    return {int(pos): [piece_marker(piece)] for pos, piece in zip(at, pack["pieces"])}
+    return {int(pos): [_piece_marker(piece)] for pos, piece in zip(at, pack["pieces"])}
 
 
 def render_pack_plain(pack: dict[str, Any], strings: Sequence[str], *, token_sep: str = "") -> str:
     """Plain text: a marker line per piece, `[[...]]` around runs of trained tokens."""
-    out = [*describe_pack(pack), f"legend: {TRAIN_OPEN}trained tokens{TRAIN_CLOSE}", ""]
+    out = [*_describe_pack(pack), f"legend: {TRAIN_OPEN}trained tokens{TRAIN_CLOSE}", ""]
     return "\n".join(out) + "\n" + plain_body(pack[C.LOSS_MASK], strings, _markers(pack), token_sep=token_sep)
 
 
 def render_pack_rich(pack: dict[str, Any], strings: Sequence[str], *, special_ids: set[int]) -> list[Any]:
     """Rich renderables: header, legend, then the packed tokens with a marker line per piece."""
+    # rich: only for the coloured rendering, not --plain
     from rich.text import Text
 
     body = rich_body(pack[C.INPUT_IDS], pack[C.LOSS_MASK], strings, _markers(pack), special_ids=special_ids)
-    return [Text("\n".join(describe_pack(pack)), style="bold"), rich_legend(), Text(""), body]
+    return [Text("\n".join(_describe_pack(pack)), style="bold"), rich_legend(), Text(""), body]

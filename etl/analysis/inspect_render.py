@@ -48,15 +48,16 @@ def plain_body(
 
 def rich_legend() -> Any:
     """The legend line of the rich view: one sample of each token style."""
+    # rich: only for the coloured rendering, not --plain
     from rich.text import Text
 
     return Text.assemble(
         ("legend: ", "dim"),
-        ("trained", style_of(True, 0, special=False)),
+        ("trained", _style_of(True, 0, special=False)),
         " ",
-        ("not trained", style_of(False, 0, special=False)),
+        ("not trained", _style_of(False, 0, special=False)),
         " ",
-        ("special", style_of(False, 0, special=True)),
+        ("special", _style_of(False, 0, special=True)),
     )
 
 
@@ -70,6 +71,7 @@ def rich_body(
 ) -> Any:
     """The tokens as a rich Text styled by mask, shaded by position, `markers[pos]` lines before
     the token at pos."""
+    # rich: only for the coloured rendering, not --plain
     from rich.text import Text
 
     body = Text()
@@ -78,7 +80,7 @@ def rich_body(
             if body.plain and not body.plain.endswith("\n"):
                 body.append("\n")
             body.append(line + "\n", style=TURN_STYLE)
-        style = style_of(bool(mask[pos]), pos, special=tid in special_ids)
+        style = _style_of(bool(mask[pos]), pos, special=tid in special_ids)
         shown = printable(piece)
         # A newline token shows as a visible mark, then breaks the line as the text does.
         body.append(shown.replace("\n", "↵"), style=style)
@@ -87,7 +89,7 @@ def rich_body(
     return body
 
 
-def style_of(trained: bool, pos: int, *, special: bool) -> str:
+def _style_of(trained: bool, pos: int, *, special: bool) -> str:
     """Rich style of a token: by trained or not, special or not, shaded by its position."""
     return f"{SPECIAL_STYLE if special else RICH_FG[trained]} on {RICH_BG[trained][pos % 2]}"
 

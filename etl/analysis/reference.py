@@ -42,7 +42,7 @@ class Conversation:
     tools: list[Any] | None = None
 
 
-def chat_message(message: Mapping[str, Any]) -> dict[str, Any]:
+def _chat_message(message: Mapping[str, Any]) -> dict[str, Any]:
     """A builder message (role, content, reasoning, calls) as a chat-template message.
 
     Keys are set only for values that are present: templates test `is defined`, and transformers
@@ -60,7 +60,7 @@ def chat_message(message: Mapping[str, Any]) -> dict[str, Any]:
 
 def conversation(messages: Sequence[Mapping[str, Any]], tools: str | None) -> Conversation:
     """The builder's `messages` and `tools` text of one record as a `Conversation`."""
-    return Conversation([chat_message(m) for m in messages], parse_tools(tools) if tools else None)
+    return Conversation([_chat_message(m) for m in messages], parse_tools(tools) if tools else None)
 
 
 def tools_column(good: pa.Table) -> list[str | None]:
@@ -70,7 +70,7 @@ def tools_column(good: pa.Table) -> list[str | None]:
     return good.column(TOOLS).to_pylist()
 
 
-class Renderer(Protocol):
+class _Renderer(Protocol):
     description: str
 
     def ids(self, conversations: Iterable[Conversation]) -> list[list[int]]: ...
@@ -80,7 +80,7 @@ class Renderer(Protocol):
         ...
 
 
-class TransformersRenderer:
+class _TransformersRenderer:
     """transformers' own `apply_chat_template`, tokenizer loaded once (a few seconds) per check."""
 
     def __init__(self, transformers: ModuleType, directory: Path) -> None:
@@ -124,7 +124,7 @@ class Jinja2Renderer:
         return None
 
 
-def load_renderer(directory: Path, *, source: str, tokens: Mapping[str, str], raw: Any) -> Renderer:
+def load_renderer(directory: Path, *, source: str, tokens: Mapping[str, str], raw: Any) -> _Renderer:
     """transformers' `apply_chat_template` when transformers is importable, else etl's jinja2 path.
 
     Args:
@@ -136,5 +136,5 @@ def load_renderer(directory: Path, *, source: str, tokens: Mapping[str, str], ra
         transformers = importlib.import_module("transformers")
     except ImportError:
         return Jinja2Renderer(source, tokens, raw)
-    return TransformersRenderer(transformers, directory)
+    return _TransformersRenderer(transformers, directory)
 

@@ -87,6 +87,7 @@ def build_report(dst: str | os.PathLike[str], *, title: str | None = None) -> st
     Returns:
         The HTML text, with every plot embedded.
     """
+    # jinja2: only when the HTML report is rendered
     import jinja2
 
     matplotlib_figure()  # before any query: a missing optional dependency fails in milliseconds

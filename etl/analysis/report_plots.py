@@ -28,7 +28,7 @@ def plots(results: dict[str, pa.Table], seq_len: int | None) -> list[dict[str, s
     The mixture plot comes only for a mixture run (the `mixture` query has rows only then).
     """
     figures = [
-        plot_png(
+        _plot_png(
             "Example lengths",
             "Examples per length bin, per split, over the data's range; dashed: seq_len "
             "(named under the axis when it lies beyond).",
@@ -36,30 +36,30 @@ def plots(results: dict[str, pa.Table], seq_len: int | None) -> list[dict[str, s
             results["length_histogram"],
             seq_len,
         ),
-        plot_png(
+        _plot_png(
             "Tokens by role (trained share)",
             "Kept tokens per role, trained or not, and tokens of dropped turns.",
             draw_roles,
             results["roles"],
         ),
-        plot_png(
+        _plot_png(
             "Turns per example",
             "Turns per conversation (dropped ones included), per split; "
             "hatched: examples that lost turns to truncation.",
             draw_turns,
             results["turns_per_example"],
         ),
-        plot_png(
+        _plot_png(
             "Where examples went",
             "Manifest counts: written, truncated, dropped and rejected.",
-            draw_drops,
+            _draw_drops,
             results["drops"],
         ),
     ]
     mixture = results.get("mixture")
     if mixture is not None and mixture.num_rows:
         figures.append(
-            plot_png(
+            _plot_png(
                 MIXTURE_TITLE,
                 "Each source's share of the mixed data, asked for and recounted from the data "
                 "(unit: the run's mix_by); over each pair: realised - requested, in points.",
@@ -70,7 +70,7 @@ def plots(results: dict[str, pa.Table], seq_len: int | None) -> list[dict[str, s
     return figures
 
 
-def plot_png(title: str, caption: str, draw: Callable[..., None], *args: Any) -> dict[str, str]:
+def _plot_png(title: str, caption: str, draw: Callable[..., None], *args: Any) -> dict[str, str]:
     """The figure as a base64 PNG with its title and caption, as the page embeds it."""
     buf = io.BytesIO()
     figure(title, draw, *args).savefig(buf, format="png")
@@ -84,6 +84,7 @@ def matplotlib_figure() -> Any:
         EtlError: matplotlib is not installed (it is optional: only the report draws).
     """
     try:
+        # matplotlib (~0.3 s): only when a plot is drawn
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise EtlError(
@@ -109,6 +110,7 @@ def figure(title: str, draw: Callable[..., None], *args: Any) -> Any:
 
 def draw_lengths(ax: Any, hist: pa.Table, seq_len: int | None) -> None:
     """Examples per length bin, a colour per split; seq_len dashed inside the axis, else named."""
+    # matplotlib (~0.3 s): only when a plot is drawn
     from matplotlib.ticker import MaxNLocator
     rows = hist.to_pydict()
     for i, split in enumerate(sorted(set(rows["split"]))):
@@ -187,7 +189,7 @@ def draw_turns(ax: Any, turns: pa.Table) -> None:
     ax.set_ylabel("examples")
 
 
-def draw_drops(ax: Any, drops: pa.Table) -> None:
+def _draw_drops(ax: Any, drops: pa.Table) -> None:
     """The manifest's counts per stage and reason, as horizontal bars."""
     r = drops.to_pydict()
     labels, values, colors = [], [], []

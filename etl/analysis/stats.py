@@ -17,12 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from etl import columns as C
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
 from etl.output.parquet import DATA_SCHEMA, REJECTS_SCHEMA, TURNS_SCHEMA
+from etl.output.parts import listed_parts, listed_splits
 from etl.packing.index import PACKS_SCHEMA
+from etl.packing.index_io import pack_files, read_record
 
 # sql/ is the repository's top-level folder; etl/sql links to it so wheels ship the queries too.
 # ETL_SQL_DIR overrides it.
@@ -80,7 +83,7 @@ def load_query(name: str) -> str:
     return (SQL_DIR / f"{name}.sql").read_text(encoding="utf-8")
 
 
-def query_parameters(sql: str) -> set[str]:
+def _query_parameters(sql: str) -> set[str]:
     """The `$name` parameters a query uses (comments ignored)."""
     return set(_PARAM.findall(_COMMENT.sub("", sql)))
 
@@ -91,8 +94,6 @@ def input_files(dst: str | os.PathLike[str], manifest: dict[str, Any] | None = N
     sha256 too: DuckDB does not verify Parquet page checksums, and hashing costs ~1 s per GB,
     less than the queries read on most outputs.
     """
-    from etl.output.parts import listed_parts, listed_splits
-
     manifest = manifest if manifest is not None else read_manifest(dst)
     splits = listed_splits(dst, manifest)
 
@@ -106,11 +107,9 @@ def input_files(dst: str | os.PathLike[str], manifest: dict[str, Any] | None = N
     }
 
 
-def pack_inputs(dst: str | os.PathLike[str], manifest: dict[str, Any], tmp: Path) -> dict[str, Any]:
+def _pack_inputs(dst: str | os.PathLike[str], manifest: dict[str, Any], tmp: Path) -> dict[str, Any]:
     """`$packs` (the pack index parts, each checked, of splits whose data they still match) and
     `$packs_record` (`_packs.json`); zero-row stand-ins when DST has no pack index."""
-    from etl.packing.index_io import pack_files, read_record
-
     record = read_record(dst)
     splits = sorted((record or {}).get("splits", {}))
     files = [str(p) for s in splits for p in pack_files(dst, s, record, manifest)]  # type: ignore[arg-type]
@@ -167,8 +166,8 @@ def run_queries(
     with tempfile.TemporaryDirectory(prefix="etl-stats-") as tmp:
         for group, files in input_files(dst, manifest).items():
             values[group] = files or [_empty_parquet(Path(tmp), group)]
-        if any({"packs", "packs_record"} & query_parameters(sql) for sql in texts.values()):
-            values.update(pack_inputs(dst, manifest, Path(tmp)))
+        if any({"packs", "packs_record"} & _query_parameters(sql) for sql in texts.values()):
+            values.update(_pack_inputs(dst, manifest, Path(tmp)))
         try:
             return {name: _execute(con, name, sql, values) for name, sql in texts.items()}
         finally:
@@ -181,9 +180,10 @@ def run_query(dst: str | os.PathLike[str], name: str, **options: Any) -> pa.Tabl
 
 
 def _execute(con: Any, name: str, sql: str, values: dict[str, Any]) -> pa.Table:
+    # duckdb (~0.1 s): only the stats/report queries need it
     import duckdb
 
-    used = query_parameters(sql)
+    used = _query_parameters(sql)
     assert used <= set(values), f"{name}.sql uses unknown parameters {used - set(values)}"
     params = {key: values[key] for key in used}
     try:
@@ -197,8 +197,6 @@ def _execute(con: Any, name: str, sql: str, values: dict[str, Any]) -> pa.Table:
 
 
 def _empty_parquet(folder: Path, group: str) -> str:
-    import pyarrow.parquet as pq
-
     path = folder / f"empty-{group}.parquet"
     pq.write_table(_EMPTY_SCHEMAS[group].empty_table(), path)
     return str(path)

@@ -14,6 +14,7 @@ from pathlib import Path
 from etl.cache.folder import CacheSettings
 from etl.errors import EtlError
 from etl.ingest.discover import hidden, is_uri, source_root
+from etl.ingest.location import local_or_none
 from etl.tokens.tokenizer import BYTES
 
 
@@ -24,8 +25,6 @@ def _inside(path: Path, folder: Path) -> bool:
 def _input_place(src: str) -> Path | None:
     """What SRC reads: a file itself, else the folder it lists (a glob's base); None: an object store."""
     if is_uri(src):
-        from etl.ingest.location import local_or_none
-
         if (path := local_or_none(src)) is None:
             return None
         src = str(path)

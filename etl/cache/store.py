@@ -41,7 +41,7 @@ FLUSH_IDS = 16 << 20
 LOADED_IDS = 64 << 20  # 256 MB
 
 
-class Loaded:
+class _Loaded:
     """A segment's ids and keys in memory."""
 
     def __init__(self, ids: pa.LargeListArray, keys: np.ndarray) -> None:
@@ -56,7 +56,7 @@ class SegmentStore:
         self.folder, self.root = folder, root or folder.parent
         self.guard = CacheGuard() if guard is None else guard
         self.paths: list[Path | None] = []  # segment number -> file (None: not written yet)
-        self.loaded: OrderedDict[int, Loaded] = OrderedDict()  # least recently used first
+        self.loaded: OrderedDict[int, _Loaded] = OrderedDict()  # least recently used first
         self.pending: list[int] = []  # segment numbers of this run's unwritten ids
         self.bad: set[int] = set()
         self.written = self.corrupt = 0
@@ -98,7 +98,7 @@ class SegmentStore:
             seg[todo[hit]], row[todo[hit]] = index.seg[at[hit]], index.row[at[hit]]
         return seg, row
 
-    def segment(self, number: int) -> Loaded | None:
+    def segment(self, number: int) -> _Loaded | None:
         """A segment's ids, read and verified on first use; None when it cannot be used."""
         if number in self.loaded:
             self.loaded.move_to_end(number)
@@ -116,10 +116,10 @@ class SegmentStore:
             self._drop(path, str(exc))
             return None
         keys = np.stack([table[KEY0].to_numpy(), table[KEY1].to_numpy()], axis=1)
-        self._keep(number, Loaded(as_ids(table[IDS]), keys))
+        self._keep(number, _Loaded(as_ids(table[IDS]), keys))
         return self.loaded[number]
 
-    def _keep(self, number: int, seg: Loaded) -> None:
+    def _keep(self, number: int, seg: _Loaded) -> None:
         self.loaded[number] = seg
         held = sum(len(s.ids.values) for s in self.loaded.values())
         for old in list(self.loaded):
@@ -133,7 +133,7 @@ class SegmentStore:
         number = len(self.paths)
         self.paths.append(None)
         self.pending.append(number)
-        self._keep(number, Loaded(ids, keys))
+        self._keep(number, _Loaded(ids, keys))
         self.fresh = ix.extend(self.fresh, keys, np.full(len(keys), number, np.int64),
                                np.arange(len(keys), dtype=np.int64))
         if sum(len(self.loaded[n].ids.values) for n in self.pending) >= FLUSH_IDS:
@@ -162,4 +162,4 @@ class SegmentStore:
         row = np.where(moved, self.fresh.row + remap[np.where(moved, self.fresh.seg, 0)], self.fresh.row)
         self.fresh = self.fresh._replace(seg=np.where(moved, number, self.fresh.seg), row=row)
         self.pending = []
-        self._keep(number, Loaded(ids, keys))
+        self._keep(number, _Loaded(ids, keys))

@@ -37,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # dataclasses/hashlib: only when run, so every --help stays light
     from etl.cache import folder as fo
 
     root = Path(args.cache).expanduser() if args.cache else fo.default_root()
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 def info(root: Path, *, last: int) -> dict[str, Any]:
     """Size per namespace (tokenizer), the cap, and the logged runs' hit rates."""
+    # dataclasses/hashlib: only when run, so every --help stays light
     from etl.cache import folder as fo
 
     spaces = []

@@ -45,6 +45,8 @@ def _storage(storage_format: str) -> Callable[..., dict[str, dict[str, int]]]:
             domain_folder,
             export_storage,
         )
+
+        # pyarrow: only when run, not for --help
         from etl.output.parts import listed_splits
 
         # The bin/h5 layout has no splits: one split per OUT, the first requested one that exists.

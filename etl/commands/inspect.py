@@ -6,6 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from etl.errors import EtlError
+from etl.output.manifest import read_manifest
+from etl.ui.console import console as Console
+
 NAME = "inspect"
 HELP = "show one example token by token with its loss mask and turn boundaries"
 DESCRIPTION = """\
@@ -56,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read the example and its turns (or the pack and its pieces), and print them."""
+    # pyarrow/rich: only when run, not for --help
     from etl.analysis.inspect_example import (
         read_example,
         read_turns,
@@ -63,8 +68,6 @@ def run(args: argparse.Namespace) -> int:
         render_rich,
         token_strings,
     )
-    from etl.errors import EtlError
-    from etl.output.manifest import read_manifest
 
     for flag, value in (("--row", args.row), ("--pack", args.pack)):
         if value is not None and value < 0:
@@ -73,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     plain = args.plain or not (args.color or sys.stdout.isatty())
     special = {int(i) for i in (manifest.get("special_ids") or {}).values()}
     if args.pack is not None:
+        # pyarrow/rich: only for a pack index
         from etl.analysis.inspect_pack import read_pack, render_pack_plain, render_pack_rich
 
         pack = read_pack(args.dst, split=args.split, pack=args.pack)
@@ -91,8 +95,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_rich(parts: list[object], *, color: bool) -> int:
-    from etl.ui.console import console as Console
-
     console = Console(force_terminal=True if color else None, highlight=False)
     for part in parts:
         console.print(part)

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 
 from etl.columns import CUT_SIDES, PACK_STRATEGIES, PACKS_DIR, PACKS_FILE, check_seq_len
+from etl.errors import EtlError
+from etl.output.manifest import read_manifest
 
 NAME = "pack"
 HELP = "pack examples into rows of at most S tokens: the pack index DST/packs"
@@ -53,8 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _options(args: argparse.Namespace) -> dict[str, int]:
     """The packer knobs given, checked against the strategy."""
-    from etl.errors import EtlError
-
     given = {"buffer_docs": args.buffer_docs, "max_docs_per_bin": args.max_docs_per_bin}
     given = {k: v for k, v in given.items() if v is not None}
     for key, value in given.items():
@@ -68,8 +68,7 @@ def _options(args: argparse.Namespace) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     """Pack every split asked, write the index, print one line per split."""
-    from etl.errors import EtlError
-    from etl.output.manifest import read_manifest
+    # pyarrow/numpy: only when run, not for --help
     from etl.output.parts import listed_splits
     from etl.packing.index import build_pack_index
     from etl.packing.index_io import write_pack_index

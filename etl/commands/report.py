@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Render the report and say where it went."""
+    # matplotlib/jinja2/duckdb: only when run, not for --help
     from etl.analysis.report import write_report
 
     path = write_report(args.dst, args.output)

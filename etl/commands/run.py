@@ -7,6 +7,9 @@ import sys
 from collections import Counter
 from typing import Any
 
+from etl.columns import RAY_CONNECT_TIMEOUT_S
+from etl.errors import EtlError
+
 NAME = "run"
 HELP = "tokenize, mask and truncate raw conversations into Parquet"
 DESCRIPTION = """Read SRC (a .jsonl/.json/.parquet file, optionally .gz/.zst, a directory or a glob,
@@ -30,7 +33,6 @@ examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # The settings' flags (type, choices, help, default) come from their declarations.
-    from etl.columns import RAY_CONNECT_TIMEOUT_S
     from etl.config.flags import add_flags
 
     p.add_argument("src", metavar="SRC", nargs="?", help="input file, directory or glob, or a URI pyarrow reads "
@@ -52,14 +54,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --engine ray: seconds to wait for the cluster at the address to answer before "
                    f"giving up with an error (default {RAY_CONNECT_TIMEOUT_S:g})")
     add_flags(p, ("chunk_bytes", "max_record_bytes"))
-    add_cache_flags(p)
+    _add_cache_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--timings", action="store_true",
                    help="print wall seconds per stage (parse runs on a background thread, overlapping tokenize; "
                    "startup: from the process's start to the first chunk's parse)")
 
 
-def add_cache_flags(p: argparse.ArgumentParser) -> None:
+def _add_cache_flags(p: argparse.ArgumentParser) -> None:
     """The token cache's flags (README "Token cache")."""
     p.add_argument("--cache", metavar="DIR", help="token cache folder: content ids and parsed input chunks kept "
                    "across runs, so a rerun with other options neither tokenizes nor parses again (default "
@@ -70,13 +72,14 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # etl.pipeline pulls duckdb/pyarrow: only when run, not for --help
     from etl.pipeline.startup import tune_malloc
 
     tune_malloc()  # before the libraries allocate (and their threads take arenas)
+    # polars/duckdb/pydantic: after tune_malloc, and not for --help
     from etl.analysis.run_summary import summary_lines, timing_lines
     from etl.cache.folder import CacheSettings
     from etl.config.from_file import config_from_args
-    from etl.errors import EtlError
     from etl.pipeline.run import run as run_pipeline
 
     config = config_from_args(args)
@@ -86,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     cache = CacheSettings.resolve(args.cache, disabled=args.no_cache, max_gb=args.cache_max_gb)
     timings: Counter[str] = Counter()
     if config.mixture is not None:
+        # polars: only for a mixture
         from etl.mixture.run import run_mixture
 
         if args.engine == "ray":
@@ -93,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
                            "or run each source on Ray into its own DST")
         manifest = run_mixture(dst, config, progress=not args.quiet, timings=timings, cache=cache)
     elif args.engine == "ray":
+        # ray (~1 s): only with --engine ray
         from etl.engine.ray_run import require_ray
         from etl.engine.ray_run import run as run_ray
 
@@ -112,8 +117,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _locations(src: str | None, dst: str | None, *, mixture: bool) -> tuple[str, str]:
     """(SRC, DST) from the positionals: a mixture takes its inputs from the config, DST alone."""
-    from etl.errors import EtlError
-
     if mixture:
         if dst is not None:
             raise EtlError("the config lists sources, so SRC is left out: etl run --config FILE DST")
@@ -127,6 +130,7 @@ def _locations(src: str | None, dst: str | None, *, mixture: bool) -> tuple[str,
 
 def exit_status(manifest: dict[str, Any], dst: str, *, quiet: bool) -> int:
     """The run's exit status, after the lines that explain it (even with --quiet)."""
+    # pyarrow: only when run, not for --help
     from etl.analysis.run_summary import run_outcome
 
     status, lines = run_outcome(manifest, dst, quiet=quiet)

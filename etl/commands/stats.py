@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
 from etl.errors import EtlError
+from etl.ui.console import console as Console
 
 NAME = "stats"
 HELP = "token statistics of an etl output (DuckDB queries in sql/)"
@@ -62,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the queries and print them in the chosen format."""
+    # duckdb/pyarrow: only when run, not for --help
     from etl.analysis.stats import query_names, run_queries
 
     if args.query == ["list"]:
@@ -80,8 +83,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_json(tables: dict[str, Any]) -> None:
-    import json
-
     records = {name: table.to_pylist() for name, table in tables.items()}
     # One query: a bare list of rows, what `jq '.[]'` and pandas.read_json expect.
     payload = next(iter(records.values())) if len(records) == 1 else records
@@ -89,6 +90,7 @@ def _print_json(tables: dict[str, Any]) -> None:
 
 
 def _print_csv(table: Any) -> None:
+    # pyarrow: only when run, not for --help
     import pyarrow.csv as pcsv
 
     pcsv.write_csv(table, sys.stdout.buffer)
@@ -96,10 +98,9 @@ def _print_csv(table: Any) -> None:
 
 
 def _print_tables(tables: dict[str, Any], *, limit: int) -> None:
+    # pyarrow and rich: only when run, not for --help
     import pyarrow as pa
     from rich.table import Table
-
-    from etl.ui.console import console as Console
 
     # Piped output gets a wide fixed width: rich's default of 80 squeezes 10-column tables.
     console = Console(width=None if sys.stdout.isatty() else 200)

@@ -26,7 +26,7 @@ from etl.errors import EtlError
 _COMBINED = {"input.type", "truncation.policy"}  # keys config_from_dict reads itself
 
 
-def load_config_file(path: str | Path) -> dict[str, Any]:
+def _load_config_file(path: str | Path) -> dict[str, Any]:
     """Parse a JSON or TOML config file (by extension; JSON otherwise)."""
     p = Path(path)
     if not p.is_file():
@@ -91,7 +91,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     Raises:
         EtlError: one line naming the first bad key or flag and what is allowed.
     """
-    doc = load_config_file(args.config) if getattr(args, "config", None) else {}
+    doc = _load_config_file(args.config) if getattr(args, "config", None) else {}
     config = _with_flags(config_from_dict(doc) if doc else {}, args)
     if doc.get("sources") is None:
         return config

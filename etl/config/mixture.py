@@ -49,14 +49,14 @@ class Mixture(Section):
                 "sources": [{**s.model_dump(exclude={"config"}), "config": s.config.to_json()} for s in self.sources]}
 
 
-def default_name(path: str) -> str:
+def _default_name(path: str) -> str:
     """A source's name from its path: the file's stem without its extensions, or the folder's."""
     p = Path(path.rstrip("/"))
     stem = p.name.split(".")[0] if "." in p.name and not p.name.startswith(".") else p.name
     return stem if _NAME.fullmatch(stem or "") else "source"
 
 
-def merged_doc(top: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+def _merged_doc(top: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
     """The config document of one source: the top level's, with the entry's options over it key by key."""
     doc = {k: v for k, v in top.items() if k not in MIX_KEYS}
     for opt in (k for k in SOURCE_OPTIONS if k in entry):
@@ -95,7 +95,7 @@ def mixture_from_doc(doc: dict[str, Any], source_config: Callable[[dict[str, Any
         raise EtlError("config: mix_total sizes a weighted mixture; give the sources weights, or remove it")
     sources: list[MixSource] = []
     for i, entry in enumerate(entries):
-        name = entry.get("name") or default_name(entry["path"])
+        name = entry.get("name") or _default_name(entry["path"])
         if not _NAME.fullmatch(name):
             raise EtlError(f"config: sources[{i}].name {name!r} must be letters, digits, '_', '.' or '-' "
                            "(it prefixes source_file and ids)")
@@ -103,7 +103,7 @@ def mixture_from_doc(doc: dict[str, Any], source_config: Callable[[dict[str, Any
             raise EtlError(f"config: sources[{i}] is named {name!r} like an earlier source; give each "
                            "source a distinct name (it prefixes source_file and ids)")
         try:
-            config = source_config(merged_doc(doc, entry))
+            config = source_config(_merged_doc(doc, entry))
         except EtlError as exc:
             raise EtlError(f"{exc} (in sources[{i}], {name})") from None
         sources.append(MixSource(name=name, path=entry["path"], domain=entry.get("domain") or name,

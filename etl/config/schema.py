@@ -67,7 +67,7 @@ def _option(p: inspect.Parameter, input_type: str) -> tuple[Any, Any]:
 
 
 @functools.cache
-def input_models() -> dict[str, Any]:
+def _input_models() -> dict[str, Any]:
     """input.type -> the model of `input` for that type: `type` and the builder's options."""
     doc = Input.model_fields["type"].description
     return {name: create_model(f"input_{name}", __config__=ConfigFile.model_config,
@@ -82,9 +82,9 @@ def _input_tag(value: Any) -> str:
 
 
 @functools.cache
-def file_model() -> Any:
+def _file_model() -> Any:
     """The model that checks a config file: the declaration, with `input` and `sources` complete."""
-    variants = [Annotated[model, Tag(name)] for name, model in input_models().items()]
+    variants = [Annotated[model, Tag(name)] for name, model in _input_models().items()]
     union = Annotated[functools.reduce(operator.or_, variants), Discriminator(_input_tag)]
     fields = ConfigFile.model_fields
     shared = {k: (union if k == "input" else fields[k].annotation, fields[k]) for k in SOURCE_OPTIONS if k in fields}
@@ -104,14 +104,14 @@ def check_file(doc: Any) -> None:
     for key in (k for k in _GONE if isinstance(output, dict) and k in output):
         raise EtlError(f"config: output.{key} is not a setting of `etl run`: {_GONE[key]}")
     try:
-        file_model().model_validate(doc)
+        _file_model().model_validate(doc)
     except ValidationError as exc:
         raise EtlError(_message(exc.errors()[0])) from None
 
 
 def _message(err: Any) -> str:
     """One line for a pydantic error of the file's model, its key as the file spells it."""
-    loc, where, model = [str(part) for part in err["loc"]], "", file_model()
+    loc, where, model = [str(part) for part in err["loc"]], "", _file_model()
     if loc[:1] == ["sources"] and len(loc) > 2 and loc[1].isdigit():  # a key of one source's table
         where, loc, model = f"sources[{loc[1]}].", loc[2:], model_of(model.model_fields["sources"].annotation)
     if err["type"] == "union_tag_invalid":
@@ -133,7 +133,7 @@ def _message(err: Any) -> str:
 def _fields(model: Any, parts: list[str], tag: str | None) -> dict[str, Any]:
     """The fields of the section at `parts` of `model` (`input`: the model of input type `tag`)."""
     for part in parts:
-        model = input_models()[tag] if part == "input" and tag else model_of(model.model_fields[part].annotation)
+        model = _input_models()[tag] if part == "input" and tag else model_of(model.model_fields[part].annotation)
     return model.model_fields if model is not None else {}  # mask: a dict
 
 
@@ -146,7 +146,7 @@ class _NoFieldTitles(GenerateJsonSchema):
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a config file."""
-    return {"$schema": SCHEMA_DIALECT, **file_model().model_json_schema(schema_generator=_NoFieldTitles)}
+    return {"$schema": SCHEMA_DIALECT, **_file_model().model_json_schema(schema_generator=_NoFieldTitles)}
 
 
 def _type_cell(annotation: Any) -> str:

@@ -31,14 +31,14 @@ CHUNK_SCHEMA = pa.schema(
 
 
 def to_ipc(table: pa.Table) -> pa.Buffer:
-    """A table as Arrow IPC stream bytes (one copy; read back zero-copy by `from_ipc`)."""
+    """A table as Arrow IPC stream bytes (one copy; read back zero-copy by `_from_ipc`)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue()
 
 
-def from_ipc(data: pa.Buffer | bytes) -> pa.Table:
+def _from_ipc(data: pa.Buffer | bytes) -> pa.Table:
     """The table `to_ipc` wrote."""
     return pa.ipc.open_stream(pa.py_buffer(data) if isinstance(data, bytes) else data).read_all()
 
@@ -77,7 +77,7 @@ class ChunkRow:
             if row[ERROR] is not None:
                 error = UnreadableFile(row[ERROR])
                 error.reason = row[REASON]  # UnreadableDir's reason, kept as a plain attribute
-            table = None if row[TABLE] is None else from_ipc(row[TABLE])
+            table = None if row[TABLE] is None else _from_ipc(row[TABLE])
             yield cls(row[FILE], row[CHUNK], table, error, row[RECORDS_READ])
 
 

@@ -31,7 +31,7 @@ LATER_SCHEMA = KEYS_SCHEMA
 EARLIER_SCHEMA = pa.schema([(FILE, pa.int32()), (CHUNK, pa.int32()), (EARLIER, pa.list_(pa.int64()))])
 
 
-def chunk_keys(batch: pa.Table, *, sources: list[Source], exact: bool, split_seed: int) -> pa.Table:
+def _chunk_keys(batch: pa.Table, *, sources: list[Source], exact: bool, split_seed: int) -> pa.Table:
     """The distinct dedup keys of each parsed chunk's good records, with the chunk's position."""
     con = duckdb.connect()
     out = [KEYS_SCHEMA.empty_table()]
@@ -78,7 +78,7 @@ def earlier_keys(parsed: Dataset, sources: list[Source], *, exact: bool, split_s
 
     Two hash shuffles of small rows: by key (the chunks holding each key), then by chunk.
     """
-    keys = parsed.map_batches(chunk_keys, fn_kwargs={"sources": sources, "exact": exact, "split_seed": split_seed},
+    keys = parsed.map_batches(_chunk_keys, fn_kwargs={"sources": sources, "exact": exact, "split_seed": split_seed},
                               batch_size=1, batch_format="pyarrow")
     per_key = keys.groupby(KEY, num_partitions=partitions).aggregate(AsList(ORD, alias_name=ORDS))
     later = per_key.map_batches(_later, batch_format="pyarrow")

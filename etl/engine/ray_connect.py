@@ -48,6 +48,7 @@ def connect(address: str | None, *, timeout: float | None = None, quiet: bool = 
     Raises:
         EtlError: one line naming the address and what to do, when no cluster answered in time.
     """
+    # ray (~1 s): only when the Ray engine is used
     import ray
 
     timeout = RAY_CONNECT_TIMEOUT_S if timeout is None else timeout
@@ -101,6 +102,7 @@ def _probe(target: str, where: str, advice: str, *, timeout: float) -> None:
 
 def _init(address: str | None, level: int, where: str = "the cluster",
           advice: str = "check --ray-address / RAY_ADDRESS and that the cluster runs (`ray status`)") -> None:
+    # ray (~1 s): only when the Ray engine is used
     import ray
 
     try:
@@ -147,6 +149,7 @@ class _Attempt:
         return True
 
     def _work(self) -> None:
+        # ray (~1 s): only when the Ray engine is used
         import ray
 
         try:

@@ -48,6 +48,7 @@ INPUT_PER_PARTITION = 5 << 30
 
 
 def _cpus() -> int:
+    # ray (~1 s): only once the Ray engine runs; require_ray checks it first
     import ray
 
     return int(ray.cluster_resources().get("CPU", 1))
@@ -56,8 +57,10 @@ def _cpus() -> int:
 def _pipeline(sources: list[Source], res: Resources, staging: Path, *, cpus: int, cache: CacheSettings | None,
               identity: dict[str, str]) -> Any:
     """The Ray dataset of per-chunk results (`etl.engine.worker.RESULT_SCHEMA` rows)."""
+    # ray (~1 s): only once the Ray engine runs; require_ray checks it first
     import ray
 
+    # polars/duckdb: only once the Ray engine runs
     from etl.engine.dedup import earlier_keys
     from etl.engine.ray_read import ChunkSource
     from etl.engine.worker import ChunkProcessor, parse_batch
@@ -123,9 +126,11 @@ class RayEngine:
     def start(self, config: RunConfig, sources: list[RunSource], files: list[list[Source]], timings: Timings, *,
               cache: CacheSettings | None, progress: bool) -> Iterator[Resources]:
         """Join (or start) the cluster while the tokenizer loads; a cluster started here stops on leaving."""
+        # ray (~1 s): only once the Ray engine runs; require_ray checks it first
         import ray
         from ray.data import DataContext
 
+        # polars/duckdb: only once the Ray engine runs
         from etl.pipeline.resources import build_resources
 
         self.cache, self.timings = cache, timings
@@ -145,8 +150,10 @@ class RayEngine:
     def map_chunks(self, sources: list[RunSource], files: list[list[Source]], res: Resources, parts: PartWriter, *,
                    progress: bool) -> list[Counts]:
         """The workers' parts renamed into `parts`, their counts, cache counts and stage seconds merged."""
+        # ray (~1 s): only once the Ray engine runs; require_ray checks it first
         import ray
 
+        # polars/duckdb: only once the Ray engine runs
         from etl.engine.commit import commit_parts, merge_cache_stats, merge_counts, merge_timings
 
         # `etl run` runs a mixture on the local engine: its staged first pass is the driver's
@@ -184,6 +191,7 @@ __all__ = ["RayEngine", "require_ray", "run"]
 def require_ray() -> None:
     """Fail in one line when Ray is not installed."""
     try:
+        # ray (~1 s): only once the Ray engine runs; require_ray checks it first
         import ray
         import ray.data  # noqa: F401
     except ImportError as exc:

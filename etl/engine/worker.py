@@ -27,6 +27,8 @@ from etl.formats.builders import run_builder
 from etl.ingest.discover import Source
 from etl.output.part_writer import StagedParts
 from etl.pipeline.chunk import RunState, process_chunk, reject_file
+from etl.pipeline.resources import build_resources
+from etl.pipeline.startup import tune_malloc
 
 COUNTS, PARTS, TIMINGS, CACHE = "counts", "parts", "timings", "token_cache"
 RESULT_SCHEMA = pa.schema([(FILE, pa.int32()), (CHUNK, pa.int32()), (COUNTS, pa.string()),
@@ -67,9 +69,6 @@ class ChunkProcessor:
 
     def __init__(self, config: RunConfig, sources: list[Source], staging: str, *, identity: dict[str, str],
                  threads: int = 1, cache: CacheSettings | None = None) -> None:
-        from etl.pipeline.resources import build_resources
-        from etl.pipeline.startup import tune_malloc
-
         # The tokenizer's Rust pool reads this when it first runs. Set here, not in a runtime_env:
         # Ray starts a dedicated worker process for each distinct runtime_env.
         os.environ.setdefault("RAYON_NUM_THREADS", str(threads))

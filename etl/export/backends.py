@@ -90,7 +90,7 @@ class Backend(abc.ABC):
                 _drop(self.tmp(folder, k, stream))
 
 
-class BinBackend(Backend):
+class _BinBackend(Backend):
     """``bin``: one raw file per stream and shard; appends are plain file appends."""
 
     ext = "bin"
@@ -125,7 +125,7 @@ def require_h5py() -> Any:
     return h5py
 
 
-class H5Backend(Backend):
+class _H5Backend(Backend):
     """``h5``: one HDF5 file per shard, datasets per stream, chunked, gzip + shuffle compressed.
 
     Trade-off against ``bin``: ~3-5x smaller for small ids (shuffle groups the zero high bytes),
@@ -173,4 +173,4 @@ class H5Backend(Backend):
             _drop(self.tmp(folder, k))
 
 
-BACKENDS: dict[str, type[Backend]] = {"bin": BinBackend, "h5": H5Backend}
+BACKENDS: dict[str, type[Backend]] = {"bin": _BinBackend, "h5": _H5Backend}

@@ -1,6 +1,6 @@
-"""Writing side of the bin/h5 export: stream Parquet row groups into per-domain `DomainWriter`s.
+"""Writing side of the bin/h5 export: stream Parquet row groups into per-domain `_DomainWriter`s.
 
-A `DomainWriter` cuts one domain's sequences into shards (greedy, never splitting a sequence)
+A `_DomainWriter` cuts one domain's sequences into shards (greedy, never splitting a sequence)
 and hands each run of whole sequences to its format's `Backend`; `finish` writes meta.json.
 """
 
@@ -47,7 +47,7 @@ def domain_folder(domain: str) -> str:
 
 
 @dataclasses.dataclass
-class Shard:
+class _Shard:
     """Counts of one shard, grown as chunks are appended."""
 
     num_sequences: int = 0
@@ -55,17 +55,17 @@ class Shard:
     num_trained: int = 0
 
 
-class DomainWriter:
+class _DomainWriter:
     """Appends one domain's sequences to its shard files; state: the shards cut so far."""
 
     def __init__(self, folder: Path, *, backend: Backend, limit: int) -> None:
         self.folder, self.backend, self.limit = folder, backend, limit
-        self.shards: list[Shard] = []
+        self.shards: list[_Shard] = []
         # `_val` or the domain folder a link: mkdir(parents=True) would create folders through it
         check_no_symlink(folder, backend.output.root).mkdir(parents=True, exist_ok=True)
 
     def _open(self) -> None:
-        self.shards.append(Shard())
+        self.shards.append(_Shard())
         self.backend.open(self.folder, len(self.shards) - 1)
 
     def _cuts(self, lengths: np.ndarray) -> Iterator[tuple[int, int, int]]:
@@ -114,7 +114,7 @@ class DomainWriter:
     def finish(self, head: dict[str, Any]) -> dict[str, int]:
         """Rename the shards to their final names, then write meta.json; returns the counts."""
         files = self.backend.finish(self.folder, len(self.shards))
-        meta = build_meta(head, self.shards, files, weights=self.backend.weights)
+        meta = _build_meta(head, self.shards, files, weights=self.backend.weights)
         path = self.backend.output.reserve(self.folder / META_FILE)
         tmp = tmp_of(path)
         tmp.write_text(json.dumps(meta, indent=2, allow_nan=False) + "\n", encoding="utf-8")
@@ -128,8 +128,8 @@ class DomainWriter:
         }
 
 
-def build_meta(
-    head: dict[str, Any], shards: list[Shard], files: list[dict[str, str]], *, weights: bool
+def _build_meta(
+    head: dict[str, Any], shards: list[_Shard], files: list[dict[str, str]], *, weights: bool
 ) -> dict[str, Any]:
     """meta.json content (every key is documented in `etl.export.token_files`' module docstring)."""
     n_seq = sum(s.num_sequences for s in shards)
@@ -155,7 +155,7 @@ def build_meta(
     return meta
 
 
-def domains_of(table: pa.Table) -> list[tuple[str, np.ndarray | None]]:
+def _domains_of(table: pa.Table) -> list[tuple[str, np.ndarray | None]]:
     """(domain, row positions) of one row group; None means every row (the common case)."""
     if c.DOMAIN not in table.column_names:
         return [(c.DEFAULT_DOMAIN, None)]
@@ -196,14 +196,14 @@ def _row_groups(
             if weights and rg.weight is None:  # a part written without weights: all weigh 1
                 rg = dataclasses.replace(rg, weight=np.ones(rg.ids.shape[0], np.float32))
             bar.update(table.num_rows)
-            yield domains_of(table), rg
+            yield _domains_of(table), rg
 
 
 def write_domains(
     files: list[Path], out: Path, *, backend: Backend, limit: int
-) -> dict[str, DomainWriter]:
+) -> dict[str, _DomainWriter]:
     """Append every row group to its domains' writers; on failure remove their temporary files."""
-    writers: dict[str, DomainWriter] = {}
+    writers: dict[str, _DomainWriter] = {}
     folded: dict[str, str] = {}  # casefolded folder -> domain: macOS/Windows names ignore case
     try:
         for domains, rg in row_groups(files, weights=backend.weights):
@@ -215,7 +215,7 @@ def write_domains(
                             f"domains {folded[folder.casefold()]!r} and {domain!r} differ only in "
                             "case and would share a folder; normalise the domain values"
                         )
-                    writers[domain] = DomainWriter(out / folder, backend=backend, limit=limit)
+                    writers[domain] = _DomainWriter(out / folder, backend=backend, limit=limit)
                 writers[domain].add(rg if rows is None else rg.take(rows))
     except BaseException:
         for w in writers.values():

@@ -38,7 +38,7 @@ NL = "chr(10)"  # DuckDB string literals have no escapes: a newline is chr(10)
 TOO_LARGE = "record_too_large"
 
 
-class FieldCheck(Protocol):
+class _FieldCheck(Protocol):
     """A check of each raw chunk a query parses, run while `con` has it registered as `raw`
     (`etl.formats.unread_fields.UnreadFields`)."""
 
@@ -56,7 +56,7 @@ class BuilderQuery:
     sql: str
     params: dict[str, Any]
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    unread: FieldCheck | None = field(default=None, compare=False, repr=False)
+    unread: _FieldCheck | None = field(default=None, compare=False, repr=False)
 
 
 Builder = Callable[..., BuilderQuery]  # `(*, roles, **options) -> BuilderQuery`

@@ -118,7 +118,7 @@ def _query_body(per_message: dict[str, str]) -> str:
     )
 
 
-# `conversation_builder` arguments checked by `_validate`: keys (JSON field names), lists of names, strings.
+# `_conversation_builder` arguments checked by `_validate`: keys (JSON field names), lists of names, strings.
 KEY_ARGS = ("messages_key", "role_key", "content_key", "train_key", "weight_key", "tool_calls_key", "system_key",
             "tools_key", "domain_key")
 NAME_LIST_ARGS = ("text_part_types", "reasoning_part_types", "tool_call_part_types", "reasoning_keys",
@@ -127,7 +127,7 @@ STRING_ARGS = ("part_separator", "tools_prefix")
 
 
 def _validate(args: Mapping[str, Any]) -> None:
-    """`conversation_builder`'s arguments (by name) checked before any SQL is built."""
+    """`_conversation_builder`'s arguments (by name) checked before any SQL is built."""
     _check_keys({k: args[k] for k in KEY_ARGS}, required=KEY_ARGS[:3], reasoning_keys=args["reasoning_keys"])
     _check_values(role_map=args["role_map"], parse_think=args["parse_think"],
                   names={k: args[k] for k in NAME_LIST_ARGS}, strings={k: args[k] for k in STRING_ARGS})
@@ -148,7 +148,7 @@ def _message_slots(*, role_key: str, content_key: str, train_key: str | None, we
 
 @dataclass(frozen=True)
 class Shape:
-    """One record shape `conversation_builder` reads: an input type of its own.
+    """One record shape `_conversation_builder` reads: an input type of its own.
 
     `defaults`: its defaults where they differ from the builder's (chat's); `fixed`: the options
     it does not offer, at the value they take; `role_map`: source roles it renames, updated by
@@ -162,7 +162,7 @@ class Shape:
     doc: str
 
 
-def conversation_builder(
+def _conversation_builder(
     *,
     shape: Shape,
     roles: Sequence[str],
@@ -227,15 +227,15 @@ def conversation_builder(
 
 
 def preset(shape: Shape) -> Builder:
-    """`conversation_builder` for one shape, under the shape's own signature: `etl config` lists an
+    """`_conversation_builder` for one shape, under the shape's own signature: `etl config` lists an
     input type's options and defaults from its builder's keyword arguments."""
-    full = inspect.signature(conversation_builder, eval_str=True).parameters.values()
+    full = inspect.signature(_conversation_builder, eval_str=True).parameters.values()
     offered = [p.replace(default=shape.defaults.get(p.name, p.default)) for p in full
                if p.name != "shape" and p.name not in shape.fixed]
 
     def build(**options: Any) -> BuilderQuery:
         # Options of the other shape are ignored, as any option the builder does not take.
-        return conversation_builder(shape=shape, **{**shape.defaults, **options, **shape.fixed})
+        return _conversation_builder(shape=shape, **{**shape.defaults, **options, **shape.fixed})
 
     build.__name__ = build.__qualname__ = f"{shape.name}_builder"
     build.__doc__ = shape.doc

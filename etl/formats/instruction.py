@@ -108,7 +108,7 @@ def _check_groups(**groups: tuple[str | None, ...]) -> None:
                 raise EtlError(f"input: key {key!r} is configured for both {owner[key]} and {field}; they must differ")
 
 
-def single_turn_query(
+def _single_turn_query(
     *,
     roles: Sequence[str],
     input_type: str,
@@ -178,7 +178,7 @@ def instruction_builder(
     LLaMA-Factory) is a list of [user, assistant] string pairs inserted as earlier turns.
     Set an alpaca key to null to ignore that field.
     """
-    return single_turn_query(
+    return _single_turn_query(
         roles=roles, input_type="instruction", prompt_key=prompt_key, response_key=response_key,
         instruction_key=instruction_key, input_key=input_key, output_key=output_key,
         system_key=system_key, history_key=history_key, input_separator=input_separator,
@@ -202,7 +202,7 @@ def prompt_completion_builder(
     T0 / GPT-3 fine-tuning data ends every completion with `<|endoftext|>`, which must not be
     trained as text (the template adds its own end-of-turn). Default: keep the text as is.
     """
-    return single_turn_query(
+    return _single_turn_query(
         roles=roles, input_type="prompt_completion", prompt_key=prompt_key, response_key=completion_key,
         system_key=system_key, strip_suffix=strip_suffix, domain_key=domain_key,
     )

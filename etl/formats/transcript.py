@@ -93,7 +93,7 @@ def query(*, strip: bool) -> str:
     return QUERY.replace("{content}", content)
 
 
-def regex_literal(text: str) -> str:
+def _regex_literal(text: str) -> str:
     """An RE2 pattern matching `text` literally: every character but [A-Za-z0-9 ] as `\\x{hex}`.
 
     Escaping every other character needs no list of what is special in RE2's syntax (which is
@@ -103,7 +103,7 @@ def regex_literal(text: str) -> str:
 
 
 # The characters of WHITESPACE as one RE2 character class (RE2's \s is ASCII-only).
-WHITESPACE_CLASS = "[" + regex_literal(WHITESPACE) + "]"
+WHITESPACE_CLASS = "[" + _regex_literal(WHITESPACE) + "]"
 
 
 def marker_pattern(markers: Sequence[str]) -> str:
@@ -113,10 +113,10 @@ def marker_pattern(markers: Sequence[str]) -> str:
     position (`"\\n\\nHuman:"` and `"\\n\\nHuman: (aside)"`) the longer one must be tried first.
     """
     ordered = sorted(markers, key=len, reverse=True)
-    return "(" + "|".join(regex_literal(m) for m in ordered) + ")"
+    return "(" + "|".join(_regex_literal(m) for m in ordered) + ")"
 
 
-def check_markers(markers: Any) -> dict[str, str]:
+def _check_markers(markers: Any) -> dict[str, str]:
     """`markers` must map non-empty marker strings to non-empty role names."""
     if not isinstance(markers, Mapping) or not markers or not all(
         isinstance(k, str) and k and isinstance(v, str) and v for k, v in markers.items()
@@ -170,7 +170,7 @@ def transcript_builder(
     """
     check_key("text_key", text_key)
     check_key("domain_key", domain_key, optional=True)
-    marker_map = check_markers(DEFAULT_MARKERS if markers is None else markers)
+    marker_map = _check_markers(DEFAULT_MARKERS if markers is None else markers)
     if not isinstance(strip, bool):
         raise EtlError(f"input.strip is {strip!r}; expected true or false")
     top = Slots("rec")

@@ -71,7 +71,7 @@ final as (
 select * from final"""
 
 
-def warning_text(name: str, *, records: int, sampled: int, option: str | None) -> str:
+def _warning_text(name: str, *, records: int, sampled: int, option: str | None) -> str:
     """The warning for one unread field: what is lost, and the config key that reads or silences it."""
     if option == "reasoning_keys":
         fix = f'add "{name}" to input.reasoning_keys to read it, or'
@@ -113,7 +113,7 @@ class UnreadFields:
         sampled = int(np.searchsorted(lines.to_numpy(), SAMPLE_LINES))
         for name, records, _ in sorted(self._unread(con), key=lambda r: (r[2], r[0])):
             self.warned.add(name)
-            text = warning_text(name, records=records, sampled=sampled, option=self.hints.get(name))
+            text = _warning_text(name, records=records, sampled=sampled, option=self.hints.get(name))
             warnings.warn(text, EtlWarning, stacklevel=4)
 
     def _unread(self, con: duckdb.DuckDBPyConnection) -> list[tuple[str, int, int]]:

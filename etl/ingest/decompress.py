@@ -10,6 +10,7 @@ from typing import Any, BinaryIO
 
 from etl.errors import EtlWarning
 from etl.ingest.discover import Source, UnreadableFile
+from etl.ingest.objects import open_stream
 
 RAW_BLOCK = 1 << 16  # compressed bytes read from the file at a time
 # Compressed bytes given to a decompressor at a time: what one call can expand to bounds memory
@@ -28,7 +29,7 @@ class CorruptFile(UnreadableFile):
     reason = "corrupt_file"
 
 
-class DecompressedStream:
+class _DecompressedStream:
     """A decompressed byte stream over raw blocks, with damage reported after the good data.
 
     `read(n)` returns every byte decompressed before damage (a truncated stream, a corrupt
@@ -52,6 +53,7 @@ class DecompressedStream:
     def _new_decompressor(self) -> Any:  # a zlib or zstandard decompression object
         if self._compression == "gzip":
             return zlib.decompressobj(16 + zlib.MAX_WBITS)
+        # zstandard: optional, only for .zst inputs
         import zstandard
 
         return zstandard.ZstdDecompressor().decompressobj()
@@ -90,6 +92,7 @@ class DecompressedStream:
             self._pending += data
 
     def _fill(self, n: int) -> None:
+        # zstandard: optional, only for .zst inputs
         import zstandard
 
         while len(self._pending) < n and not self._done and self._error is None:
@@ -139,7 +142,6 @@ def _open_raw(source: Source) -> BinaryIO:
     """The file's bytes as stored; SRC given as an s3://, gs://... URI: streamed through pyarrow."""
     if isinstance(source.path, Path):
         return open(source.path, "rb")
-    from etl.ingest.objects import open_stream
 
     return open_stream(source.path)  # type: ignore[return-value]
 
@@ -150,7 +152,7 @@ def open_binary(source: Source, raw: list[BinaryIO] | None = None) -> BinaryIO:
     if raw is not None:
         raw.append(fh)
     if source.compression in ("gzip", "zstd"):
-        return DecompressedStream(fh, source.compression)  # type: ignore[return-value]
+        return _DecompressedStream(fh, source.compression)  # type: ignore[return-value]
     return fh
 
 
@@ -171,7 +173,7 @@ def verify(source: Source) -> None:
     one warning naming it, since refusing it would refuse most such files, which are intact.
     """
     with _open_raw(source) as fh:
-        stream = DecompressedStream(fh, source.compression or "", keep=False)
+        stream = _DecompressedStream(fh, source.compression or "", keep=False)
         stream.read()
     if stream.unchecked_frames:
         warnings.warn(

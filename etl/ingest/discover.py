@@ -42,7 +42,7 @@ def is_uri(location: str) -> bool:
     return _SCHEME.match(location) is not None
 
 
-class ObjectStat(NamedTuple):
+class _ObjectStat(NamedTuple):
     """What `os.stat_result` the engines read of an input: its size."""
 
     st_size: int
@@ -62,8 +62,8 @@ class ObjectPath:
     key: str  # the file's path in that filesystem (`bucket/prefix/a.jsonl`)
     size: int  # bytes, from the listing
 
-    def stat(self) -> ObjectStat:
-        return ObjectStat(self.size)
+    def stat(self) -> _ObjectStat:
+        return _ObjectStat(self.size)
 
     def absolute(self) -> ObjectPath:
         return self

@@ -15,6 +15,7 @@ from etl.errors import EtlError
 from etl.ingest.discover import is_uri
 
 if TYPE_CHECKING:
+    # pyarrow.fs: only for URI inputs
     from pyarrow.fs import FileSystem
 
 # What to check when a URI cannot be listed or opened, by scheme; pyarrow reads the same
@@ -61,6 +62,7 @@ def failure(what: str, uri: str, exc: BaseException, *, doing: str) -> EtlError:
 def filesystem(uri: str, *, what: str = "SRC") -> tuple[FileSystem, str]:
     """(filesystem, path inside it) of a URI, made once per process: a worker opens many files of
     one SRC, and making an S3 client costs ~20 ms (pyarrow's S3 setup)."""
+    # pyarrow.fs: only for URI inputs
     from pyarrow.fs import FileSystem
 
     try:

@@ -34,6 +34,7 @@ COPY_BLOCK = 8 << 20  # bytes in memory at a time while copying a .json file to 
 
 def _files(fs: FileSystem, base: str) -> tuple[list[FileInfo], str]:
     """The files at `base` (itself, or every file under it) and the folder names are relative to."""
+    # pyarrow.fs: only for URI inputs
     from pyarrow.fs import FileSelector, FileType
 
     info = fs.get_file_info(base)
@@ -77,7 +78,7 @@ def discover_objects(src: str) -> list[Source]:
     return sorted(sources, key=lambda s: PurePosixPath(s.name).parts)
 
 
-class CountedStream:
+class _CountedStream:
     """pyarrow's buffered input stream with the `tell()` the progress bar reads (it has none)."""
 
     def __init__(self, stream: Any) -> None:
@@ -106,7 +107,7 @@ class CountedStream:
         self.close()
 
 
-def open_stream(path: ObjectPath) -> CountedStream:
+def open_stream(path: ObjectPath) -> _CountedStream:
     """The file's bytes as a sequential stream (JSONL, and .gz/.zst, which etl decompresses itself
     so damage is reported as for local files: pyarrow's own decompression is turned off).
 
@@ -118,13 +119,13 @@ def open_stream(path: ObjectPath) -> CountedStream:
         stream = fs.open_input_stream(path.key, compression=None, buffer_size=STREAM_BUFFER)
     except OSError as exc:
         raise failure("SRC file", str(path), exc, doing="open it") from exc
-    return CountedStream(stream)
+    return _CountedStream(stream)
 
 
 def parquet_file(path: ObjectPath) -> pq.ParquetFile:
     """A Parquet file read by ranges (`open_input_file`); `pre_buffer` merges a row group's
     column-chunk reads into a few large requests, as pyarrow advises for high-latency stores."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # pyarrow: only for URI Parquet inputs
 
     fs, _ = filesystem(path.root)
     try:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from etl import columns as c
 
@@ -65,7 +66,7 @@ class Deduplicator:
         nonzero = uniq != 0
         self._reserve(int(nonzero.sum()))
         new = np.full(len(uniq), not self.seen_zero)  # stays so only for key 0
-        new[nonzero] = find_or_add(self.table, uniq[nonzero])
+        new[nonzero] = _find_or_add(self.table, uniq[nonzero])
         self.count += int(new[nonzero].sum())
         self.seen_zero |= not nonzero.all()
         fresh = np.zeros(len(keys), dtype=bool)
@@ -82,10 +83,10 @@ class Deduplicator:
             slots *= 2
         old = self.table[self.table != 0]
         self.table = np.zeros(slots, dtype=np.uint64)
-        find_or_add(self.table, old)
+        _find_or_add(self.table, old)
 
 
-def find_or_add(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
+def _find_or_add(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Whether each of `keys` (distinct, non-zero) was new to `table`; adds the new ones.
 
     Vectorised linear probing, one slot per unresolved key a round: the key itself (seen),
@@ -134,6 +135,5 @@ def domains(good: pa.Table, default: str = c.DEFAULT_DOMAIN) -> pa.Array:
     """The builder's `domain` column with nulls as `default` (the config file's `__default__`)."""
     if "domain" not in good.column_names:
         return pa.repeat(pa.scalar(default, pa.string()), good.num_rows)
-    import pyarrow.compute as pc
 
     return pc.fill_null(good.column("domain").cast(pa.string()), default)

@@ -18,13 +18,13 @@ from etl.errors import EtlError
 from etl.loader.balance_regroup import regroup_steps, swap_across_steps
 
 
-class BalanceFn(Protocol):
+class _BalanceFn(Protocol):
     """Signature shared by every entry of `BALANCERS`."""
 
     def __call__(self, costs: np.ndarray, *, world_size: int) -> np.ndarray: ...
 
 
-def deal_snake(costs: np.ndarray, *, world_size: int) -> np.ndarray:
+def _deal_snake(costs: np.ndarray, *, world_size: int) -> np.ndarray:
     """Sort each step's items by tokens, deal them round by round, reversing every other round.
 
     Trade-off: one argsort for the whole epoch (~1 ms for T0's 55k rows), but the rank dealt first
@@ -48,8 +48,8 @@ def deal_greedy(costs: np.ndarray, *, world_size: int) -> np.ndarray:
     """Largest item first to the lightest rank that has fewer than B items (LPT with a cap).
 
     Trade-off: a Python loop over the W * B slots of a step (64 at W=8, B=8), each pass numpy over
-    every step of the epoch at once (~10 ms for T0's 862 steps); much better than `deal_snake` on
-    a heavy tail (T0, B=8: mean 1.14) but never revisits a choice. Arguments as in `deal_snake`.
+    every step of the epoch at once (~10 ms for T0's 862 steps); much better than `_deal_snake` on
+    a heavy tail (T0, B=8: mean 1.14) but never revisits a choice. Arguments as in `_deal_snake`.
     """
     steps, n = costs.shape
     per_rank = n // world_size
@@ -67,7 +67,7 @@ def deal_greedy(costs: np.ndarray, *, world_size: int) -> np.ndarray:
     return dealt
 
 
-def deal_swap(
+def _deal_swap(
     costs: np.ndarray, *, world_size: int, rounds: int = 64, tolerance: float = 1e-3
 ) -> np.ndarray:
     """`deal_greedy`, then rounds of the best single swap of items between two ranks.
@@ -81,7 +81,7 @@ def deal_swap(
     over every step at once, at most ``rounds`` passes a phase), 10-20x `deal_greedy`, for the
     best balance here (T0, B=8: mean 1.10, worst 1.59 against greedy's 1.14 and 1.60; with
     ``window=8``: worst 1.011, and 1.038 block-shuffled where swapping with the heaviest and
-    lightest rank only left 1.13). Arguments as in `deal_snake`.
+    lightest rank only left 1.13). Arguments as in `_deal_snake`.
     """
     dealt = deal_greedy(costs, world_size=world_size)
     steps, world, per_rank = dealt.shape
@@ -110,7 +110,7 @@ _SWAP_CELLS = 1 << 22  # candidate swaps evaluated at once (~32 MB of int64 per 
 def _best_swaps(
     costs: np.ndarray, dealt: np.ndarray, tolerance: float, wide: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Each step's best swap for `deal_swap`: (useful, heavier rank, its slot, lighter rank, its
+    """Each step's best swap for `_deal_swap`: (useful, heavier rank, its slot, lighter rank, its
     slot), the last four only where useful; a step within ``tolerance`` (max/min) needs none."""
     steps, world, per_rank = dealt.shape
     held = np.take_along_axis(costs, dealt.reshape(costs.shape), axis=1).reshape(dealt.shape)
@@ -135,7 +135,7 @@ def _best_swaps(
     return better, heavy[rows, pair], i, light[rows, pair], j
 
 
-BALANCERS: dict[str, BalanceFn] = {"snake": deal_snake, "greedy": deal_greedy, "swap": deal_swap}
+BALANCERS: dict[str, _BalanceFn] = {"snake": _deal_snake, "greedy": deal_greedy, "swap": _deal_swap}
 
 
 # Steps regrouped when balancing is on: every T0 step (B=8, 8 ranks, padded and packed) ends

@@ -22,7 +22,7 @@ from etl.ragged import Ragged, from_examples
 CutSide = Literal["right", "left"]
 
 
-class CollateFn(Protocol):
+class _CollateFn(Protocol):
     """Signature shared by every entry of `COLLATE_FNS`."""
 
     def __call__(
@@ -67,7 +67,7 @@ def resolve_eos_id(eos_id: int | None, manifest: Mapping[str, Any] | None) -> in
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def gather_padded(
+def _gather_padded(
     batch: Ragged, *, width: int, pad_id: int, truncation: CutSide = "right"
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Pad or truncate every example to ``width`` tokens with one vectorized gather.
@@ -169,7 +169,7 @@ def collate_fixed(
         mask_dtype: dtype of ``loss_mask``: bool, or np.float32 (the episode loader).
         ignore_index: value of ``y`` where not trained; None keeps the raw ids (the episode
             loader's y).
-        truncation: which end of a too-long example survives, see `gather_padded`.
+        truncation: which end of a too-long example survives, see `_gather_padded`.
 
     Returns:
         ``x``, ``y`` (B, T) int64, ``loss_mask`` (B, T) aligned to y
@@ -177,7 +177,7 @@ def collate_fixed(
         ``loss_weight`` (B, T) float32 when the data has per-token weights.
     """
     del pad_multiple
-    tokens, valid, mask, weight = gather_padded(
+    tokens, valid, mask, weight = _gather_padded(
         batch, width=seq_len, pad_id=pad_id, truncation=truncation
     )
     return _shift(
@@ -223,7 +223,7 @@ def collate_longest(
     )
 
 
-COLLATE_FNS: dict[str, CollateFn] = {"fixed": collate_fixed, "longest": collate_longest}
+COLLATE_FNS: dict[str, _CollateFn] = {"fixed": collate_fixed, "longest": collate_longest}
 
 
 def collate(

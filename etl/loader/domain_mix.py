@@ -34,13 +34,13 @@ def domain_slots(weights: np.ndarray, *, num_rows: int) -> np.ndarray:
     domain is off its quota by a whole example. A weight of 0 gets no slot.
 
     Args:
-        weights: (D,) finite, >= 0, positive sum (checked, `check_weights`).
+        weights: (D,) finite, >= 0, positive sum (checked, `_check_weights`).
         num_rows: N, the epoch's examples.
 
     Returns:
         (D,) int64 slots, summing to ``num_rows``.
     """
-    w = check_weights(weights)
+    w = _check_weights(weights)
     quota = w / w.sum() * num_rows
     slots = np.floor(quota).astype(np.int64)
     extra = num_rows - int(slots.sum())
@@ -50,7 +50,7 @@ def domain_slots(weights: np.ndarray, *, num_rows: int) -> np.ndarray:
     return slots
 
 
-def check_weights(weights: np.ndarray) -> np.ndarray:
+def _check_weights(weights: np.ndarray) -> np.ndarray:
     """``weights`` as float64 after checking each is finite and >= 0 and their sum positive."""
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or not np.all(np.isfinite(w)) or np.any(w < 0) or not w.sum() > 0:
@@ -95,7 +95,7 @@ def weighted_epoch_rows(domain_codes: np.ndarray, weights: np.ndarray, *, num_ro
 
 def _domains(domain_codes: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(codes int64, checked weights, rows per code), refusing a weighted code with no row."""
-    codes, w = np.asarray(domain_codes, dtype=np.int64), check_weights(weights)
+    codes, w = np.asarray(domain_codes, dtype=np.int64), _check_weights(weights)
     counts = np.bincount(codes, minlength=len(w))
     empty = np.flatnonzero((w > 0) & (counts == 0))
     if empty.size:
@@ -218,7 +218,7 @@ class DomainMix:
         return dict(self.requested)
 
 
-def make_domain_mix(codes: np.ndarray, names: list[str] | tuple[str, ...], weights: Mapping[str, Any]) -> DomainMix:
+def _make_domain_mix(codes: np.ndarray, names: list[str] | tuple[str, ...], weights: Mapping[str, Any]) -> DomainMix:
     """Check ``weights`` against the domains present and align them with the codes.
 
     Domains present but not named get weight 0: their rows are left out of every epoch.
@@ -248,4 +248,4 @@ def dataset_domain_mix(dataset: ParquetDataset, weights: Mapping[str, Any] | Non
     if weights is None:
         return None
     codes, names = dataset.domain_codes()
-    return make_domain_mix(codes, names, weights)
+    return _make_domain_mix(codes, names, weights)

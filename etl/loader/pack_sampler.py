@@ -30,7 +30,7 @@ from etl.packing.registry import PACKERS, pack
 from etl.packing.turn_spans import TurnSpans
 
 
-def request_for(packing: Packing, packs: np.ndarray, doc_rows: np.ndarray | None) -> PackRequest:
+def _request_for(packing: Packing, packs: np.ndarray, doc_rows: np.ndarray | None) -> PackRequest:
     """The pieces of ``packs`` (in that order); ``doc_rows`` maps their docs to global rows
     (None: the docs are global rows already, as in a pack index)."""
     sub = packing.take_packs(packs)
@@ -40,7 +40,7 @@ def request_for(packing: Packing, packs: np.ndarray, doc_rows: np.ndarray | None
     )
 
 
-def online_packing(
+def _online_packing(
     lengths: np.ndarray,
     *,
     strategy: str,
@@ -157,7 +157,7 @@ class PackSampler(_BatchSampler):
                 shuffled = {"shuffle": self.shuffle, "blocks": self.blocks, "mix": self.mix}
                 order = None if self.domains is None else self.domains.epoch_order(
                     seed=self.seed, epoch=epoch, **shuffled)
-                packing = online_packing(
+                packing = _online_packing(
                     self.lengths, strategy=self.strategy, seq_len=self.seq_len, seed=self.seed,
                     epoch=epoch, truncation=self.truncation, options=self.options, turns=self.turns,
                     order=order, **shuffled,
@@ -187,7 +187,7 @@ class PackSampler(_BatchSampler):
         return self._split(order, drop_last=self.drop_last, costs=costs)
 
     def _deliver(self, epoch: int, batch: np.ndarray) -> PackRequest:
-        return request_for(self.packing(epoch), batch, self.doc_rows_of(epoch))
+        return _request_for(self.packing(epoch), batch, self.doc_rows_of(epoch))
 
 
 def make_pack_sampler(
@@ -219,12 +219,12 @@ def make_pack_sampler(
             warnings.warn(f"{dataset.dst}: the pack index was built with {found}, not {wanted}; "
                           "packing online every epoch instead", EtlWarning, stacklevel=3)
             index = None
-    turns = dataset_turns(dataset) if strategy == "stream" and index is None else None
+    turns = _dataset_turns(dataset) if strategy == "stream" and index is None else None
     return PackSampler(dataset.example_lengths(), doc_rows=dataset.global_rows(), strategy=strategy,
                        seq_len=seq_len, index=index, options=options, turns=turns, **common)
 
 
-def dataset_turns(dataset: ParquetDataset) -> TurnSpans:
+def _dataset_turns(dataset: ParquetDataset) -> TurnSpans:
     """Turn spans of the dataset's examples for the stream packer, numbered by dataset row."""
     ids = pa.concat_tables([open_part(p).read(columns=[ID]) for p in dataset.files]).column(ID)
     spans = stream_turns(dataset.dst, dataset.split, dataset.manifest, ids)

@@ -36,7 +36,7 @@ def mix_sources(mix: Mixture, staged: StagedParts, before: list[Counts], con: du
                 parts: PartWriter) -> tuple[dict[str, Any], Counts]:
     """Pass two: size each source's share, draw its records, write the mixed parts; the
     manifest's `mixture` section and the run's counts."""
-    sources = [read_staged(staged, s.name) for s in mix.sources]
+    sources = [_read_staged(staged, s.name) for s in mix.sources]
     units = [s.units(mix.mix_by) for s in sources]
     weighted = mix.sources[0].weight is not None
     weights = np.array([s.weight or 0.0 for s in mix.sources]) if weighted else None
@@ -48,7 +48,7 @@ def mix_sources(mix: Mixture, staged: StagedParts, before: list[Counts], con: du
     with parts.background():
         for source, rows, target in zip(sources, units, targets, strict=True):
             cp = copies(rows, draws(con, source.sizes, mix.seed), float(target))
-            write_mixed(source, cp, parts)
+            _write_mixed(source, cp, parts)
             taken.append(cp)
     entries = [entry(s, src, cp, n, mix.mix_by) for s, src, cp, n in zip(mix.sources, sources, taken, before,
                                                                             strict=True)]
@@ -61,7 +61,7 @@ def mix_sources(mix: Mixture, staged: StagedParts, before: list[Counts], con: du
     return summary, total
 
 
-def read_staged(staged: StagedParts, source: str) -> Staged:
+def _read_staged(staged: StagedParts, source: str) -> Staged:
     """The staged data parts of `source` (every split) and their rows' sizes."""
     parts, tables = [], []
     for folder in staged.folders(source, c.DATA_DIR):
@@ -85,14 +85,14 @@ def draws(con: duckdb.DuckDBPyConnection, sizes: pa.Table, seed: int) -> np.ndar
         cur.unregister("sizes")
 
 
-def copy_rows(cp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _copy_rows(cp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(row index, copy number from 1) of every output row: row i repeated cp[i] times, in order."""
     rows = np.repeat(np.arange(len(cp)), cp)
     starts = np.repeat(np.cumsum(cp) - cp, cp)
     return rows, np.arange(len(rows)) - starts + 1
 
 
-def copy_ids(ids: pa.Array, number: np.ndarray) -> pa.Array:
+def _copy_ids(ids: pa.Array, number: np.ndarray) -> pa.Array:
     """`id` for first copies, `id#k` for copy k > 1."""
     if not (number > 1).any():
         return ids
@@ -100,7 +100,7 @@ def copy_ids(ids: pa.Array, number: np.ndarray) -> pa.Array:
     return pc.if_else(pa.array(number > 1), marked, ids)
 
 
-def write_mixed(staged: Staged, cp: np.ndarray, parts: PartWriter) -> None:
+def _write_mixed(staged: Staged, cp: np.ndarray, parts: PartWriter) -> None:
     """Every staged part of one source with its rows taken `cp` times, as the next real parts of
     its folders (`data/<split>`, and `turns/<split>` beside it). A part repeated k times is written
     as k parts of its size, so memory stays that of one staged part."""
@@ -111,11 +111,11 @@ def write_mixed(staged: Staged, cp: np.ndarray, parts: PartWriter) -> None:
             continue
         data = pq.read_table(path)
         turns = pl.read_parquet(_turns_of(path, folder))
-        rows, number = copy_rows(part_cp)
+        rows, number = _copy_rows(part_cp)
         for start in range(0, len(rows), max(n, 1)):
             piece, piece_number = rows[start:start + n], number[start:start + n]
             taken = data.take(pa.array(piece))
-            new_ids = copy_ids(taken.column(c.ID).combine_chunks(), piece_number)
+            new_ids = _copy_ids(taken.column(c.ID).combine_chunks(), piece_number)
             parts.write(folder, taken.set_column(taken.schema.get_field_index(c.ID), c.ID, new_ids))
             parts.write(c.TURNS_DIR + folder[len(c.DATA_DIR):], _mixed_turns(turns, taken.column(c.ID), new_ids))
 

@@ -13,28 +13,28 @@ from collections.abc import Callable
 import numpy as np
 
 
-def total_sum(units: np.ndarray, shares: np.ndarray) -> float:
+def _total_sum(units: np.ndarray, shares: np.ndarray) -> float:
     """The sources' own total (Mosaic's default epoch size): the output is as large as the input,
     reshaped to the shares; sources above their share are down-sampled, those below repeated."""
     return float(units.sum())
 
 
-def total_first_exhausted(units: np.ndarray, shares: np.ndarray) -> float:
+def _total_first_exhausted(units: np.ndarray, shares: np.ndarray) -> float:
     """The largest total in which no source repeats (HF `interleave_datasets`' first_exhausted):
     exact shares with every record used at most once; the other sources lose records."""
     return float(np.min(units / shares))
 
 
-def total_all_exhausted(units: np.ndarray, shares: np.ndarray) -> float:
+def _total_all_exhausted(units: np.ndarray, shares: np.ndarray) -> float:
     """The smallest total that uses every record of every source (HF's all_exhausted): nothing is
     lost; the sources small for their share are repeated."""
     return float(np.max(units / shares))
 
 
 TOTALS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
-    "sum": total_sum,
-    "first_exhausted": total_first_exhausted,
-    "all_exhausted": total_all_exhausted,
+    "sum": _total_sum,
+    "first_exhausted": _total_first_exhausted,
+    "all_exhausted": _total_all_exhausted,
 }
 
 

@@ -22,7 +22,7 @@ CONFIGS = {"default": c.DATA_DIR, "turns": c.TURNS_DIR}
 GUIDE = "README section 'Training with TRL and HF datasets'"
 
 
-def split_files(files: list[dict[str, Any]], folder: str) -> dict[str, list[str]]:
+def _split_files(files: list[dict[str, Any]], folder: str) -> dict[str, list[str]]:
     """Hugging Face split name -> the part paths of `folder/<split>/` in `files`, train first."""
     found = {}
     for split in c.SPLITS:
@@ -38,7 +38,7 @@ def _front_matter(files: list[dict[str, Any]]) -> list[str]:
     etl's own `<folder>/<split>/part-NNNNN.parquet`: plain scalars, no glob characters."""
     lines = []
     for name, folder in CONFIGS.items():
-        splits = split_files(files, folder)
+        splits = _split_files(files, folder)
         if splits:
             lines += [f"- config_name: {name}", "  data_files:"]
             for split, paths in splits.items():
@@ -50,7 +50,7 @@ def _front_matter(files: list[dict[str, Any]]) -> list[str]:
 def _rows(files: list[dict[str, Any]]) -> list[str]:
     rows = {f["path"]: f["rows"] or 0 for f in files}
     table = ["| split | folder | examples | parts |", "|---|---|---|---|"]
-    for split, paths in split_files(files, c.DATA_DIR).items():
+    for split, paths in _split_files(files, c.DATA_DIR).items():
         folder = paths[0].rsplit("/", 1)[0]
         table.append(f"| {split} | `{folder}/` | {sum(rows[p] for p in paths):,} | {len(paths)} |")
     return table

@@ -76,7 +76,7 @@ def check_part(path: Path, entry: dict[str, Any], *, checksum: bool, identity: M
                            f"etl wrote it; {fix}")
 
 
-def run_identity_of(manifest: dict[str, Any]) -> dict[str, str] | None:
+def _run_identity_of(manifest: dict[str, Any]) -> dict[str, str] | None:
     """The key-value pairs every part of this run carries; None for a manifest written before run
     identities (format_version 2 without `run_id`), whose parts are checked as before."""
     run_id = manifest.get(RUN_ID)
@@ -111,7 +111,7 @@ def listed_parts(
               if e["path"].startswith(prefix) and "/" not in e["path"][len(prefix):]
               and e["path"].endswith(".parquet")]
     chosen.sort(key=lambda e: e["path"])
-    identity = run_identity_of(manifest)
+    identity = _run_identity_of(manifest)
     for entry in chosen:
         check_part(root / entry["path"], entry, checksum=checksum, identity=identity)
     listed = {e["path"] for e in chosen}

@@ -22,6 +22,7 @@ from etl.errors import EtlError
 from etl.output.manifest import read_manifest
 from etl.output.parts import fingerprint, listed_parts, listed_splits, open_part
 from etl.packing.pieces import Packing, held_tokens, keep_end
+from etl.packing.turn_spans import header_lengths, turn_spans
 
 # Strategies that cut an example longer than S into pieces of several packs (no token lost);
 # the others place whole examples, so a longer one is clipped to S first (`truncation`).
@@ -175,8 +176,6 @@ def build_pack_index(
 
 def stream_turns(dst: str | os.PathLike[str], split: str, manifest: dict[str, Any], ids: Any) -> Any:
     """Role spans of the split's examples for the stream packer, from its kept `turns` rows."""
-    from etl.packing.turn_spans import header_lengths, turn_spans
-
     parts = listed_parts(dst, f"{c.TURNS_DIR}/{split}", manifest=manifest)
     if not parts:
         raise EtlError(f"the stream strategy needs the turns of split {split!r}, and {dst} has none; "

@@ -59,7 +59,7 @@ def write_pack_index(dst: str | os.PathLike[str], indexes: Mapping[str, PackInde
             if current != index.fingerprint:
                 raise EtlError(f"the data of split {split!r} in {root} changed while it was packed; {REPACK}")
         data_run_id = manifest.get(c.RUN_ID)
-        run_id = pack_identity(indexes, data_run_id)
+        run_id = _pack_identity(indexes, data_run_id)
         parts = PartWriter(output, identity=identity_keys(run_id, data_run_id=data_run_id))
         summaries = {}
         for split in sorted(indexes):
@@ -76,7 +76,7 @@ def write_pack_index(dst: str | os.PathLike[str], indexes: Mapping[str, PackInde
     return {**record, "files": output.files()}
 
 
-def pack_identity(indexes: Mapping[str, PackIndex], data_run_id: str | None) -> str:
+def _pack_identity(indexes: Mapping[str, PackIndex], data_run_id: str | None) -> str:
     """The identity of an `etl pack`: 16 hex digits of a sha256 over its inputs and
     options (the data run's identity, per split the fingerprint of the data, strategy, S, seed,
     options and truncation), so packing the same data the same way again writes the same bytes."""

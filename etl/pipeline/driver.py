@@ -32,6 +32,8 @@ from etl.cache.apart import check_apart
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 from etl.ingest.discover import Source, discover, is_uri, source_root
+from etl.ingest.location import local_or_none, local_path
+from etl.ingest.objects import discover_objects
 from etl.output.card import write_card
 from etl.output.ownership import check_inputs, check_target
 from etl.output.parquet import REJECTS_SCHEMA, identity_keys
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
     from etl.cache.parsed import ParsedChunks
     from etl.pipeline.resources import Resources
 
-__all__ = ["Engine", "RunSource", "SecondPass", "drive"]
+__all__ = ["RunSource", "SecondPass", "drive"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class RunSource:
         return [dataclasses.replace(f, name=f"{self.name}/{f.name}") for f in files]
 
 
-class Engine(Protocol):
+class _Engine(Protocol):
     """What maps a run's chunks to parts: this process (`LocalEngine`) or a Ray cluster (`RayEngine`)."""
 
     kept: ParsedChunks | None  # the token cache's parsed chunks it served or took (the manifest counts them)
@@ -95,7 +97,7 @@ SecondPass = Callable[[StagedParts, list[Counts], "duckdb.DuckDBPyConnection", P
 
 
 def drive(
-    sources: list[RunSource], dst: str, config: RunConfig, engine: Engine, *, mix: SecondPass | None = None,
+    sources: list[RunSource], dst: str, config: RunConfig, engine: _Engine, *, mix: SecondPass | None = None,
     progress: bool = True, timings: Counter[str] | None = None, cache: CacheSettings | None = None,
 ) -> dict[str, Any]:
     """Run `sources` into DST on `engine` (`mix`: a mixture's second pass); returns the manifest
@@ -114,6 +116,7 @@ def drive(
     run_timings = Timings()
     with (engine.start(config, sources, files, run_timings, cache=cache, progress=progress) as res,
           OutputWriter(out, kind="run", keep=holds_inputs) as output):
+        # polars (via etl.pipeline.resources): off `etl run`'s start-up imports
         from etl.pipeline.resources import run_identity
 
         run_id = run_identity(res, inputs)  # every part carries it (the staged ones too); the manifest records it
@@ -129,7 +132,7 @@ def drive(
         else:
             with run_timings.timed("mix"):
                 extra["mixture"], counts = mix(parts, per_source, res.con, PartWriter(output, identity=identity))
-        write_empty_rejects(parts)
+        _write_empty_rejects(parts)
         if isinstance(parts, StagedParts):  # journaled: a crash before this leaves it for the next run to remove
             shutil.rmtree(check_no_symlink(parts.staging, output.root))
         manifest = finish(res, inputs, counts, output, engine.kept, run_id=run_id, **extra)
@@ -139,7 +142,7 @@ def drive(
     return {**manifest, "files": output.files()}
 
 
-def write_empty_rejects(parts: PartWriter) -> None:
+def _write_empty_rejects(parts: PartWriter) -> None:
     """The output's layout has _rejects/part-00000: present, and empty when nothing was rejected."""
     if not parts.count(c.REJECTS_DIR):
         parts.write(c.REJECTS_DIR, REJECTS_SCHEMA.empty_table())
@@ -150,6 +153,7 @@ def finish(res: Resources, inputs: list[Source], counts: Counts, output: OutputW
     """The dataset card, and the manifest last (the run is finished only then); `kept`: the
     parsed chunks the token cache served or took; `run_id`: the identity the parts carry;
     `extra`: more top-level keys of the manifest (a mixture's)."""
+    # polars (via etl.pipeline.resources): off `etl run`'s start-up imports
     from etl.pipeline.resources import manifest_for
 
     assert counts.add_up(), counts
@@ -181,8 +185,6 @@ def prepare(srcs: list[str], dst: str, config: RunConfig, *, cache: CacheSetting
 def _target(dst: str) -> Path:
     """DST's folder: a path, or a file:// URI's path (an object store is refused, saying why)."""
     if is_uri(dst):
-        from etl.ingest.location import local_path
-
         dst = local_path(dst, what="DST")
     out = Path(dst)
     if out.exists() and not out.is_dir():
@@ -198,11 +200,7 @@ def _inputs(src: str, out: Path) -> tuple[list[Source], list[Path]]:
     cannot hold DST, a local folder.
     """
     if is_uri(src):
-        from etl.ingest.location import local_or_none
-
         if (path := local_or_none(src)) is None:
-            from etl.ingest.objects import discover_objects
-
             return discover_objects(src), []
         src = path
     root = source_root(src)

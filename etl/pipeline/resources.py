@@ -21,6 +21,7 @@ from etl.output.parquet import identity_of
 from etl.pipeline.accounting import Counts
 from etl.pipeline.reasoning import ReasoningRender
 from etl.pipeline.startup import builder_query_for
+from etl.tokens.hf_template import load_template_and_tokenizer
 from etl.tokens.loading import load_tokenizer
 from etl.tokens.templates import Template, TemplateIds, resolve_template
 from etl.tokens.tokenizer import TextTokenizer, encode_template_text
@@ -81,7 +82,7 @@ def _extra_special(tokenizer: TextTokenizer, key: str, template_value: str) -> s
     return value
 
 
-def check_input_type(config: RunConfig) -> None:
+def _check_input_type(config: RunConfig) -> None:
     if config.input_type not in BUILDERS:
         raise EtlError(
             f"input type {config.input_type!r} is not one of {', '.join(sorted(BUILDERS))}"
@@ -97,8 +98,7 @@ def build_resources(
     `template`: the preset `config.template` names, when the caller resolved it already.
     `cache`: the token cache to read and fill; None: none (repeats in a batch still tokenize once).
     """
-    check_input_type(config)
-    from etl.tokens.hf_template import load_template_and_tokenizer
+    _check_input_type(config)
 
     # With a cache, tokenizer.json is parsed only when a question or a text is not cached.
     lazy = cache is not None and cache.root is not None
@@ -137,7 +137,7 @@ def _system_ids(tokenizer: TextTokenizer, config: RunConfig) -> list[int] | None
 def resources_for(res: Resources, config: RunConfig) -> Resources:
     """The run's resources with another config (a mixture's source): its own input type, default
     system, masks and truncation over the same tokenizer, template, BOS/EOS and connection."""
-    check_input_type(config)
+    _check_input_type(config)
     return dataclasses.replace(res, config=config, system_ids=_system_ids(res.tokenizer, config))
 
 

@@ -104,6 +104,7 @@ def parsed_chunks(
 
 def process(sources: list[Source], parsed: Prefetch[Item], state: RunState, *, progress: bool) -> None:
     """Every chunk of every input through the pipeline, with the write thread and the bar."""
+    # polars: imported while the first chunk parses
     from etl.pipeline.chunk import process_chunk, reject_file
 
     total_bytes = sum(s.size() for s in sources)
@@ -123,12 +124,13 @@ def process(sources: list[Source], parsed: Prefetch[Item], state: RunState, *, p
 def _resources(config: RunConfig, **early: Any) -> Resources:
     """Import the per-chunk modules (Polars) and load the tokenizer: ~0.4 s with Qwen2.5, which
     `run` spends while the prefetch thread parses the first chunk."""
+    # polars: imported while the first chunk parses
     from etl.pipeline.resources import build_resources
 
     return build_resources(config, **early)
 
 
-def start_parsing(
+def _start_parsing(
     config: RunConfig, sources: list[Source], timings: Timings, parsing: threading.Event, *,
     reads: RunConfig | None = None, cache: CacheSettings | None = None, kept: ParsedChunks | None = None,
 ) -> tuple[Prefetch[Item], Resources]:
@@ -147,6 +149,7 @@ def start_parsing(
     if template is not None:
         query = builder_query_for(reads, template)
     else:
+        # polars: imported while the first chunk parses
         from etl.pipeline.resources import resources_for
 
         query = resources_for(early, reads).builder_query()
@@ -180,7 +183,7 @@ class LocalEngine:
         tune_malloc()
         self.timings = timings
         self.kept = open_parsed(cache, config.tokenizer)
-        self.first, res = start_parsing(config, files[0], timings, self.parsing, reads=sources[0].config,
+        self.first, res = _start_parsing(config, files[0], timings, self.parsing, reads=sources[0].config,
                                         cache=cache, kept=self.kept)
         with res.encoder, self.first:
             yield res
@@ -198,6 +201,7 @@ class LocalEngine:
     def _map_source(self, index: int, source: RunSource, files: list[Source], state: RunState, *,
                     progress: bool) -> Counts:
         """One source's chunks through the pipeline with its own config and domain; its counts."""
+        # polars: imported while the first chunk parses
         from etl.pipeline.resources import resources_for
 
         res = state.res if source.config is state.res.config else resources_for(state.res, source.config)

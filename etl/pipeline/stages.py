@@ -57,7 +57,7 @@ from etl.pipeline.truncation import plan_truncation
 from etl.tokens.tool_format import FORMS, WITH_TOOLS, ToolIds
 
 
-def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
+def _explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
     """One row per message: (conv, turn_index, role, content, train, weight, injected=False).
 
     `train` / `weight` are the message's own overrides (null when it sets none).
@@ -101,7 +101,7 @@ def explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-def add_default_system(turns: pl.LazyFrame, *, enabled: bool, tools: bool = False) -> pl.LazyFrame:
+def _add_default_system(turns: pl.LazyFrame, *, enabled: bool, tools: bool = False) -> pl.LazyFrame:
     """Default system turn: a conversation without a leading system turn gets one (content filled later).
 
     With `tools` (the template renders tool lists) a conversation with tools and no system turn
@@ -132,7 +132,7 @@ def add_default_system(turns: pl.LazyFrame, *, enabled: bool, tools: bool = Fals
     )
 
 
-def tokenize_contents(
+def _tokenize_contents(
     turns: pl.LazyFrame, *, encode: Encoder, system_ids: list[int], reasoning: ReasoningRender = NO_WRAP
 ) -> pl.LazyFrame:
     """Content -> ids in one batched tokenizer call, and `CONTENT_LEN`.
@@ -166,7 +166,7 @@ def tokenize_contents(
     )
 
 
-def attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFrame:
+def _attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFrame:
     """Give each turn the header/end/separator ids of its role and form, and piece lengths.
 
     A gather from the few-row role table by role number, not a join: a join gathers every
@@ -189,7 +189,7 @@ def attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFra
     )
 
 
-def mark_training(turns: pl.LazyFrame, opts: MaskOptions) -> pl.LazyFrame:
+def _mark_training(turns: pl.LazyFrame, opts: MaskOptions) -> pl.LazyFrame:
     """Per-turn flags: is the header / content / end-of-turn of this turn trained?
 
     Role rules give the default; a message's own `train` field overrides it
@@ -238,7 +238,7 @@ def _overlap(lo: pl.Expr, hi: pl.Expr, win_lo: pl.Expr, win_hi: pl.Expr) -> pl.E
     return (hi > lo) & (pl.min_horizontal(hi, win_hi) > pl.max_horizontal(lo, win_lo))
 
 
-def place_turns(turns: pl.LazyFrame) -> pl.LazyFrame:
+def _place_turns(turns: pl.LazyFrame) -> pl.LazyFrame:
     """Each turn's span in the written example (`start`/`end`, -1 when dropped), `kept`, `trained`."""
     lo = pl.col(CUT) - pl.col(POS)  # the window in turn-relative coordinates
     hi = lo + pl.col(WINDOW)
@@ -284,18 +284,18 @@ def plan_turns(
         records = records.with_columns(
             pl.col(TOOLS).map_batches(lambda s: pl.Series(tools_text(s.to_arrow(), tools)), return_dtype=pl.String)
             .alias(TOOLS_TEXT))
-    turns = explode_turns(records)
-    turns = add_default_system(turns, enabled=system_ids is not None, tools=tools is not None)
+    turns = _explode_turns(records)
+    turns = _add_default_system(turns, enabled=system_ids is not None, tools=tools is not None)
     turns = keep_reasoning(turns, reasoning)
     turns = mark_forms(turns, tools)
     turns = tokenize_calls(turns, encode, tools)
     turns = glue_texts(turns, tools, default_system=system_text if system_ids is not None else None)
-    turns = tokenize_contents(turns, encode=encode, system_ids=system_ids or [], reasoning=reasoning)
-    turns = attach_template(turns, role_table)
-    turns = mark_training(turns, mask)
+    turns = _tokenize_contents(turns, encode=encode, system_ids=system_ids or [], reasoning=reasoning)
+    turns = _attach_template(turns, role_table)
+    turns = _mark_training(turns, mask)
     turns = plan_truncation(
         turns, seq_len=seq_len, bos_len=bos_len, eos_len=eos_len, policy=truncation
     )
     if mask.require_complete_user:
         turns = require_complete_user(turns)
-    return place_turns(turns)
+    return _place_turns(turns)

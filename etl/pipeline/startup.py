@@ -8,7 +8,10 @@ numpy and pydantic are all the first parse needs (~0.3 s of the run's start on t
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import sys
 import time
 
 from etl.config.run_config import RunConfig
@@ -61,10 +64,6 @@ def tune_malloc() -> None:
     repeated 10x (Qwen2.5, 16 MiB chunks): peak RSS 566 -> 534 MiB, and flat from 10x to 50x
     input. It costs a page fault per 4 KiB of a new big array (~1 ms per 14 MiB).
     """
-    import ctypes
-    import ctypes.util
-    import sys
-
     if not sys.platform.startswith("linux"):
         return
     try:

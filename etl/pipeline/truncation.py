@@ -59,7 +59,7 @@ class Rule:
     stop: pl.Expr
 
 
-class TruncationFn(Protocol):
+class _TruncationFn(Protocol):
     """Signature shared by every entry of `TRUNCATION_FNS`."""
 
     def __call__(self, *, seq_len: int, fixed: int) -> Rule:
@@ -173,7 +173,7 @@ def drop(*, seq_len: int, fixed: int) -> Rule:
 
 
 # The run's turn policies: names as in `RunConfig.truncation` (`etl.config.file.TURN_POLICIES`).
-TRUNCATION_FNS: dict[str, TruncationFn] = {
+TRUNCATION_FNS: dict[str, _TruncationFn] = {
     "drop_oldest_turns": drop_oldest_turns,
     "keep_prefix": keep_prefix,
     "right": right,

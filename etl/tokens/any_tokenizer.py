@@ -18,7 +18,7 @@ Encode = Callable[[str], list[int]]
 TokenId = Callable[[str], int | None]
 
 
-class TextEncoder(NamedTuple):
+class _TextEncoder(NamedTuple):
     """`encode(text) -> ids` (content as text), `token_id(token) -> id or None`, and how to add
     missing tokens to this kind of tokenizer (for error messages)."""
 
@@ -47,7 +47,7 @@ def _kept(obj: Any, name: str) -> Iterator[None]:
         setattr(obj, name, previous)
 
 
-def _tokenizers_encoder(tok: Any) -> TextEncoder:
+def _tokenizers_encoder(tok: Any) -> _TextEncoder:
     def encode(text: str) -> list[int]:
         # encode_special_tokens=True: added special tokens are not matched in the text;
         # add_special_tokens=False: no post-processor extras (BOS/EOS of a template processor).
@@ -58,10 +58,10 @@ def _tokenizers_encoder(tok: Any) -> TextEncoder:
     def how_to_add(missing: Sequence[str]) -> str:
         return f"add them with tokenizer.add_special_tokens({list(missing)!r})"
 
-    return TextEncoder(encode, tok.token_to_id, how_to_add)
+    return _TextEncoder(encode, tok.token_to_id, how_to_add)
 
 
-def _transformers_encoder(tok: Any) -> TextEncoder:
+def _transformers_encoder(tok: Any) -> _TextEncoder:
     # Fast tokenizers copy split_special_tokens onto their backend and leave it there.
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None or not hasattr(backend, "encode_special_tokens"):
@@ -87,10 +87,10 @@ def _transformers_encoder(tok: Any) -> TextEncoder:
             "and resize the model's embeddings"
         )
 
-    return TextEncoder(encode, token_id, how_to_add)
+    return _TextEncoder(encode, token_id, how_to_add)
 
 
-def _tiktoken_encoder(enc: Any) -> TextEncoder:
+def _tiktoken_encoder(enc: Any) -> _TextEncoder:
     def encode(text: str) -> list[int]:
         # Nothing allowed and nothing disallowed: special strings are encoded as ordinary text.
         return list(enc.encode(text, allowed_special=set(), disallowed_special=()))
@@ -106,7 +106,7 @@ def _tiktoken_encoder(enc: Any) -> TextEncoder:
             f"special_tokens={{**enc._special_tokens, {new}}})"
         )
 
-    return TextEncoder(encode, token_id, how_to_add)
+    return _TextEncoder(encode, token_id, how_to_add)
 
 
 def _lookup_of(tok: Any) -> TokenId:
@@ -132,7 +132,7 @@ def _lookup_of(tok: Any) -> TokenId:
     )
 
 
-def _duck_encoder(tok: Any) -> TextEncoder:
+def _duck_encoder(tok: Any) -> _TextEncoder:
     def encode(text: str) -> list[int]:
         out = tok.encode(text)
         try:
@@ -150,10 +150,10 @@ def _duck_encoder(tok: Any) -> TextEncoder:
             "byte tokenizer: ByteTokenizer(special_tokens=[...]))"
         )
 
-    return TextEncoder(encode, _lookup_of(tok), how_to_add)
+    return _TextEncoder(encode, _lookup_of(tok), how_to_add)
 
 
-def text_encoder(tokenizer: Any) -> TextEncoder:
+def text_encoder(tokenizer: Any) -> _TextEncoder:
     """The encode / token-lookup pair for `tokenizer`, dispatched on its kind once.
 
     Accepted: a `tokenizers.Tokenizer`; a transformers tokenizer (`PreTrainedTokenizerBase`,
@@ -180,7 +180,7 @@ def text_encoder(tokenizer: Any) -> TextEncoder:
     )
 
 
-def special_token_ids(encoder: TextEncoder, tokens: Sequence[str]) -> list[int]:
+def special_token_ids(encoder: _TextEncoder, tokens: Sequence[str]) -> list[int]:
     """Ids of `tokens`, which must all be known to the tokenizer.
 
     Raises:

@@ -70,6 +70,7 @@ def chat_template_source(config: Config, *, where: str = "tokenizer_config.json"
 
 
 def _raise_exception(message: str) -> None:
+    # jinja2: only when a chat_template is compiled
     import jinja2
 
     raise jinja2.exceptions.TemplateError(message)
@@ -88,6 +89,7 @@ def _strftime_now(fmt: str) -> str:
 
 def _generation_extension() -> type:
     """`{% generation %}...{% endgeneration %}` renders its body (transformers tracks assistant spans)."""
+    # jinja2: only when a chat_template is compiled
     from jinja2.ext import Extension
 
     class GenerationBlock(Extension):
@@ -96,6 +98,7 @@ def _generation_extension() -> type:
         def parse(self, parser: Any) -> Any:
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            # jinja2: only when a chat_template is compiled
             from jinja2 import nodes
 
             return nodes.Scope(body, lineno=lineno)
@@ -104,8 +107,9 @@ def _generation_extension() -> type:
 
 
 @lru_cache(maxsize=8)
-def compile_template(source: str) -> Any:
+def _compile_template(source: str) -> Any:
     """Compile once per template text (probing renders the same template a dozen times)."""
+    # jinja2: only when a chat_template is compiled
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -136,7 +140,7 @@ def render(
     Raises:
         jinja2.TemplateError: the template rejected the conversation (`raise_exception`) or failed.
     """
-    return compile_template(source).render(
+    return _compile_template(source).render(
         messages=[dict(m) for m in messages],
         tools=tools,
         documents=None,

@@ -104,6 +104,7 @@ class Probe:
 
     def raw(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> str:
         """The template's rendering of `messages` (and `tools`), sentinels in place of bos/eos."""
+        # jinja2: only when a chat_template is probed
         import jinja2
 
         tokens = {**self.tokens, "bos_token": BOS_SENTINEL, "eos_token": EOS_SENTINEL}

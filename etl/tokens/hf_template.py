@@ -46,7 +46,7 @@ from etl.tokens.tool_format import ToolFormat
 
 
 @dataclass(frozen=True)
-class HFTemplate(Template):
+class _HFTemplate(Template):
     """A `Template` derived from a chat_template, plus the system prompt the template injects.
 
     `default_system` is the text the template inserts as system content when a conversation has
@@ -58,7 +58,7 @@ class HFTemplate(Template):
 
 
 def template_from_hf(tokenizer_dir_or_config: str | os.PathLike[str] | Config, *,
-                     tokenizer: TextTokenizer) -> HFTemplate:
+                     tokenizer: TextTokenizer) -> _HFTemplate:
     """Derive the `hf` template from a tokenizer_config.json (a dict, the file, or its directory).
 
     Args:
@@ -127,7 +127,7 @@ def _content_notes(probe: Probe, added: Sequence[AddedToken]) -> list[str]:
     return notes
 
 
-def _assemble(roles: Roles, probe: Probe, *, added: Sequence[AddedToken], notes: list[str]) -> HFTemplate:
+def _assemble(roles: Roles, probe: Probe, *, added: Sequence[AddedToken], notes: list[str]) -> _HFTemplate:
     specials = [t.content for t in added if t.special]
     formats, eot = {}, ""
     for role, head in roles.header.items():
@@ -139,7 +139,7 @@ def _assemble(roles: Roles, probe: Probe, *, added: Sequence[AddedToken], notes:
     used = tuple(s for s in specials if any(s in t for t in texts))
     if roles.default_system is not None:
         notes.append(f"the template injects a default system prompt: {roles.default_system!r}")
-    return HFTemplate(name=HF, roles=formats, special_tokens=used, eot=eot, bos=bos, eos=eos,
+    return _HFTemplate(name=HF, roles=formats, special_tokens=used, eot=eot, bos=bos, eos=eos,
                       notes="; ".join(notes), default_system=roles.default_system)
 
 

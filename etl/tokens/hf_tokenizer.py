@@ -89,6 +89,7 @@ class HFTokenizer:
 
     @functools.cached_property
     def _tok(self) -> Any:
+        # tokenizers: only when a tokenizer loads
         from tokenizers import Tokenizer
 
         assert self._raw is not None
@@ -126,6 +127,7 @@ class HFTokenizer:
     def cache_key(self) -> str:
         """Everything a text's ids depend on besides the text (`etl.cache`): the tokenizer file,
         the tokenizers version and how content is encoded (long texts' cuts change no id)."""
+        # tokenizers: only when a tokenizer loads
         import tokenizers
 
         return json.dumps({"tokenizer_sha256": self.sha256, "tokenizers": tokenizers.__version__,
@@ -248,6 +250,7 @@ class HFTokenizer:
 
 
 def _as_special(token: Any) -> Any:
+    # tokenizers: only when a tokenizer loads
     from tokenizers import AddedToken
 
     return AddedToken(token.content, single_word=token.single_word, lstrip=token.lstrip, rstrip=token.rstrip,

@@ -13,6 +13,7 @@ def console(**kwargs: Any) -> Any:
     rich's own handler exits with status 1, which fails `set -o pipefail` scripts although the
     reader simply stopped early.
     """
+    # rich (~70 modules): only when a command prints with it
     from rich.console import Console
 
     class PipeConsole(Console):

@@ -15,6 +15,7 @@ class Progress:
     """
 
     def __init__(self, *, total_bytes: int, enabled: bool = True) -> None:
+        # tqdm (~90 modules): only when a bar is made, off start-up imports
         from tqdm import tqdm
 
         self._bar = tqdm(
@@ -54,6 +55,7 @@ def rows_bar(files: list[Path], *, desc: str) -> Any:
 
     For commands that stream row groups (`etl export`): call `.update(table.num_rows)`.
     """
+    # pyarrow.parquet: only for the export bars
     import pyarrow.parquet as pq
     from tqdm import tqdm
 
