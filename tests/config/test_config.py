@@ -115,7 +115,7 @@ def test_max_items_stops_reading(tmp_path: Path) -> None:
 
 
 def test_config_keys_reach_the_run() -> None:
-    kwargs = config_from_dict(json.loads((CONFIGS / "seed004_sft_chat.json").read_text()))
+    kwargs = config_from_dict(json.loads((CONFIGS / "pipeline_sft_chat.json").read_text()))
     assert kwargs["seq_len"] == 2048 and kwargs["deduplicate"] is True
     assert kwargs["input_options"]["domain_key"] == "source" and "storage_format" not in kwargs
     with pytest.raises(EtlError, match="applies to input.type text only"):
@@ -125,10 +125,10 @@ def test_config_keys_reach_the_run() -> None:
 @pytest.mark.parametrize(
     "config, records, written",
     [
-        ("seed004_sft_chat.json", [chat(("user", "q"), ("assistant", "a")) | {"source": "wiki"},
+        ("pipeline_sft_chat.json", [chat(("user", "q"), ("assistant", "a")) | {"source": "wiki"},
                                    chat(("user", "q2"), ("assistant", "a2")) | {"source": "code"}], 2),
-        ("seed004_instruction.json", [{"instruction": "Say hi.", "output": "hi"}], 1),
-        ("seed004_pretraining.json", [{"content": "x" * 60}, {"content": "too short"}], 1),
+        ("pipeline_instruction.json", [{"instruction": "Say hi.", "output": "hi"}], 1),
+        ("pipeline_pretraining.json", [{"content": "x" * 60}, {"content": "too short"}], 1),
     ],
 )
 def test_declarative_quick_start_configs_run_unchanged(tmp_path: Path, config: str, records: list[dict[str, object]], written: int) -> None:
@@ -152,7 +152,7 @@ def test_declarative_quick_start_configs_run_unchanged(tmp_path: Path, config: s
 def test_pretraining_trains_every_token_without_a_template(tmp_path: Path) -> None:
     src = write(tmp_path / "raw.jsonl", [{"content": "y" * 60}])
     out = tmp_path / "out"
-    assert main(["run", str(src), str(out), "--config", str(CONFIGS / "seed004_pretraining.json"), "--quiet"]) == 0
+    assert main(["run", str(src), str(out), "--config", str(CONFIGS / "pipeline_pretraining.json"), "--quiet"]) == 0
     row = pq.read_table(out / "data" / "train").to_pylist()[0]
     assert row["input_ids"] == [ord("y")] * 60 and all(row["loss_mask"])
     assert read_manifest(out)["counts"]["dropped"] == {}
