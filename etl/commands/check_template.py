@@ -34,7 +34,7 @@ examples:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `etl check-template`; --template and --input-type as `etl run` declares them."""
     # pydantic (~80 ms): only the chosen command's flags are built
-    from etl.config.flags import add_flags
+    from etl.config.build import add_flags
 
     p.add_argument("src", metavar="SRC", help="input file, directory or glob")
     p.add_argument("--tokenizer", required=True, help="Hugging Face tokenizer directory with a chat_template")
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     # tokenizers/polars/duckdb: only when run, not for --help
     from etl.analysis.check_template import check_template
     from etl.analysis.check_template_report import nothing_checked, render_text
-    from etl.config.from_file import config_from_args
+    from etl.config.build import config_from_args
 
     if args.limit is not None and args.limit < 1:
         raise EtlError(f"--limit must be 1 or more, got {args.limit}")

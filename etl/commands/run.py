@@ -33,7 +33,7 @@ examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # The settings' flags (type, choices, help, default) come from their declarations.
-    from etl.config.flags import add_flags
+    from etl.config.build import add_flags
 
     p.add_argument("src", metavar="SRC", nargs="?", help="input file, directory or glob, or a URI pyarrow reads "
                    "(file://, s3://, gs://; options such as ?endpoint_override=HOST:PORT in the URI); left out "
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     # polars/duckdb/pydantic: after tune_malloc, and not for --help
     from etl.analysis.run_summary import summary_lines, timing_lines
     from etl.cache.folder import CacheSettings
-    from etl.config.from_file import config_from_args
+    from etl.config.build import config_from_args
     from etl.pipeline.run import run as run_pipeline
 
     config = config_from_args(args)

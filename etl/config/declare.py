@@ -1,10 +1,9 @@
 """How a setting is declared once, and how a bad value is told in one line.
 
-A config file's section is a `Section`, a frozen and strict pydantic model; its settings are
-fields declared with `key(...)`: default, one-line doc, bounds and the flag that overrides it.
-A run's objects (RunConfig, MaskOptions) are `Settings` whose fields are those declarations
-again (`setting`): a bad value there is an `EtlError` of one line, named by its key in the file:
-`config: <dotted key> <what is wrong>; allowed: ...`.
+A section of the config file is a `Section` (frozen, strict pydantic); a setting is a field made
+by `key(...)`: default, doc, bounds and the flag that sets it. A run's objects are `Settings`
+with the same fields (`setting`), so a bad value anywhere is one line naming its key in the
+file: `config: <dotted key> <what is wrong>; allowed: ...`.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ _WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a s
 
 
 class Key(NamedTuple):
-    """What a setting's field carries besides its type, default and doc (in its metadata)."""
+    """What a setting carries besides its type, default and doc (in its field's metadata)."""
 
     flag: str | None = None  # the `etl run` / `etl check-template` flag that sets it
     limit: str | None = None  # the error of a value out of bounds: "must be ..., got {value}"
@@ -37,21 +36,15 @@ class Key(NamedTuple):
 
 def key(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None, lt: float | None = None,
         **where: Any) -> Any:
-    """A setting: its doc (--help, the README table, the JSON Schema) and its `Key`. A bounded
-    number is finite too: inf passed `gt=0` (a mixture weight of inf mixed 0 records)."""
+    """A setting. A bounded number is finite too: inf passed `gt=0` (a mixture weight of inf mixed 0 records)."""
     bounds = {name: v for name, v in (("ge", ge), ("gt", gt), ("lt", lt)) if v is not None}
     info = Field(default, description=doc, **bounds, **({"allow_inf_nan": False} if bounds else {}))
     info.metadata.append(Key(**where))
     return info
 
 
-def key_of(info: FieldInfo) -> Key | None:
-    return next((m for m in info.metadata if isinstance(m, Key)), None)
-
-
-def declared(model: type[BaseModel]) -> list[tuple[str, FieldInfo, Key]]:
-    """(attribute, field, key) of a model's settings, in declaration order."""
-    return [(attr, info, k) for attr, info in model.model_fields.items() if (k := key_of(info))]
+def key_of(info: FieldInfo | None) -> Key | None:
+    return next((m for m in info.metadata if isinstance(m, Key)), None) if info else None
 
 
 def model_of(annotation: Any) -> Any:
@@ -86,11 +79,9 @@ class Settings(Section):
             super().__init__(**values)
         except ValidationError as exc:
             err, fields = exc.errors()[0], type(self).model_fields
-            attr = str(err["loc"][0])
-            if attr not in fields:
+            if (attr := str(err["loc"][0])) not in fields:
                 raise EtlError(unknown_key(attr, fields)) from None
-            k = key_of(fields[attr]) or Key()
-            raise EtlError(describe(err, k.path or attr, fields[attr].annotation, k.limit)) from None
+            raise EtlError(describe(err, getattr(key_of(fields[attr]), "path", None) or attr, fields[attr])) from None
 
     def replace(self, **changes: Any) -> Self:
         """A copy with `changes`, checked as a new one is (`model_copy` checks nothing)."""
@@ -108,8 +99,7 @@ def optional(annotation: Any) -> tuple[Any, bool]:
 
 def declared_type(info: FieldInfo) -> Any:
     """A setting's type as errors and the README name it: a null that means "not given" is not shown."""
-    k = key_of(info)
-    return optional(info.annotation)[0] if k and k.null_is_default else info.annotation
+    return optional(info.annotation)[0] if getattr(key_of(info), "null_is_default", False) else info.annotation
 
 
 def choices(annotation: Any) -> tuple[Any, ...]:
@@ -123,9 +113,10 @@ def show(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def describe(err: Any, name: str, annotation: Any = None, limit: str | None = None) -> str:
-    """One line for one pydantic error at the value `name` (a leaf or a section)."""
-    kind, value = err["type"], err["input"]
+def describe(err: Any, name: str, info: FieldInfo | None = None) -> str:
+    """One line for one pydantic error at the value `name`, declared by `info` (None: a section's
+    own error, which names no type)."""
+    kind, value, limit = err["type"], err["input"], getattr(key_of(info), "limit", None)
     if kind == "missing":
         return f"config: {name} is required"
     if kind in ("model_type", "dict_type"):
@@ -133,9 +124,9 @@ def describe(err: Any, name: str, annotation: Any = None, limit: str | None = No
     if kind in _LIMIT_ERRORS and limit is not None:
         return f"config: {name} {limit.format(value=value)}"
     if kind == "literal_error":
-        return not_allowed(name, value, choices(annotation))
-    if kind.endswith("_type") and annotation is not None:
-        inner, nullable = optional(annotation)
+        return not_allowed(name, value, choices(info.annotation if info else None))
+    if kind.endswith("_type") and info is not None:
+        inner, nullable = optional(declared_type(info))
         return f"config: {name} must be {_WORDS.get(inner, 'a value')}{' or null' * nullable}, got {value!r}"
     return f"config: {name}: {err['msg']}"
 

@@ -1,11 +1,8 @@
 """The config file, declared once: one frozen, strict pydantic model per section.
 
-A file holds the declarative pipeline schema's sections (`version`, `input`, `mask`,
-`mask_default`, `preprocessing`) and etl's own (`template`, `tokenizer`, `seq_len`, `truncation`,
-`mask_options`, `split`, `default_system`, a mixture's `sources`, `seed`, `mix_by`, `mix_total`).
 Each key's type, default, doc, bounds and flag are declared here; the run's config
-(etl.config.run_config), the flags, the JSON Schema and the README table are derived from them.
-`input`'s options are each input type's builder's (etl.config.schema adds them).
+(etl.config.run_config), the flags, the JSON Schema and the README table derive from them.
+`input`'s options are its input type's builder's (etl.config.schema adds them).
 """
 
 from __future__ import annotations

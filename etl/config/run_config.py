@@ -1,9 +1,8 @@
 """The settings of one `etl run`, finished: the config file's settings (etl.config.file) under
-flat names, and the flag-only chunk size.
+flat names, the flag-only chunk size and a mixture's sources.
 
 A field `at("preprocessing.deduplicate")` is that key's declaration (type, default, doc, bounds,
-flag); a bad value is an error naming that key. `config_from_args` (etl.config.from_file) builds
-a RunConfig from a file, flags or both; the run reads no flag or file after that.
+flag); a bad value is an error naming that key. `config_from_args` (etl.config.build) makes one.
 """
 
 from __future__ import annotations
@@ -12,9 +11,8 @@ from typing import Any
 
 from pydantic import Field
 
-from etl.config.declare import Settings, key, setting
-from etl.config.file import ConfigFile, DedupMode, Eot, ReasoningTurns, TurnPolicy
-from etl.config.mixture import Mixture
+from etl.config.declare import Section, Settings, key, setting
+from etl.config.file import ConfigFile, DedupMode, Eot, MixBy, MixTotal, ReasoningTurns, TurnPolicy
 
 # 16 MiB of JSON per chunk (~3M Qwen tokens): T0 with Qwen2.5 peaks at ~0.9 GB RSS and runs
 # as fast as with 32 MiB (1.15 GB); 8 MiB saves another 0.2 GB for ~1% of speed.
@@ -27,6 +25,31 @@ MAX_CHUNK_BYTES = 1 << 30
 def at(path: str) -> Any:
     """The config file's setting at the dotted `path`, as a field here."""
     return setting(ConfigFile, path)
+
+
+class MixSource(Section):
+    """One source of a mixture: its name, domain, mixing rule (numbers as written) and run config."""
+
+    name: str
+    path: str
+    domain: str
+    weight: int | float | None
+    epochs: int | float | None
+    config: Any  # its RunConfig
+
+
+class Mixture(Section):
+    """The sources of a mixture and how they are mixed."""
+
+    sources: tuple[MixSource, ...]
+    seed: int = at("seed")
+    mix_by: MixBy = at("mix_by")
+    mix_total: MixTotal = at("mix_total")
+
+    def to_json(self) -> dict[str, Any]:
+        """For the manifest: each source with its whole config."""
+        return {"seed": self.seed, "mix_by": self.mix_by, "mix_total": self.mix_total,
+                "sources": [{**s.model_dump(exclude={"config"}), "config": s.config.to_json()} for s in self.sources]}
 
 
 class MaskOptions(Settings):

@@ -1,10 +1,10 @@
 """The config file's checking model, its JSON Schema (`etl config --schema`) and the README's key
 table (`etl config`), from the file's declaration (etl.config.file).
 
-The model is the declaration with `input` one model per input type, its options the builder's
-keyword arguments, told apart by `input.type`, and each of `sources` taking the per-source
-options. It only checks: the settings are read from the document itself (etl.config.from_file),
-so values reach the manifest as the file wrote them.
+The model is the declaration with `input` one model per input type (its options the builder's
+keyword arguments, told apart by `input.type`) and each of `sources` taking the per-source
+options. It only checks: etl.config.build reads the document itself, so values reach the
+manifest as the file wrote them.
 """
 
 from __future__ import annotations
@@ -25,17 +25,7 @@ from pydantic import (
 )
 from pydantic.json_schema import GenerateJsonSchema
 
-from etl.config.declare import (
-    choices,
-    declared_type,
-    describe,
-    key_of,
-    model_of,
-    not_allowed,
-    optional,
-    show,
-    unknown_key,
-)
+from etl.config import declare as d
 from etl.config.file import SOURCE_OPTIONS, ConfigFile, Input, MaskKey, Preprocessing, SourceKeys
 from etl.errors import EtlError
 from etl.formats.base import RUN_ARGS
@@ -113,9 +103,9 @@ def _message(err: Any) -> str:
     """One line for a pydantic error of the file's model, its key as the file spells it."""
     loc, where, model = [str(part) for part in err["loc"]], "", _file_model()
     if loc[:1] == ["sources"] and len(loc) > 2 and loc[1].isdigit():  # a key of one source's table
-        where, loc, model = f"sources[{loc[1]}].", loc[2:], model_of(model.model_fields["sources"].annotation)
+        where, loc, model = f"sources[{loc[1]}].", loc[2:], d.model_of(model.model_fields["sources"].annotation)
     if err["type"] == "union_tag_invalid":
-        return not_allowed(f"{where}input.type", err["input"].get("type"), sorted(BUILDERS))
+        return d.not_allowed(f"{where}input.type", err["input"].get("type"), sorted(BUILDERS))
     tag = loc.pop(1) if loc[:1] == ["input"] and len(loc) > 1 else None  # the input type's model
     if loc[-1:] == ["[key]"]:  # a dict key outside its Literal: mask.<role>
         loc.pop()
@@ -123,17 +113,17 @@ def _message(err: Any) -> str:
     name, fields = ".".join(loc) or "config", _fields(model, loc[:-1], tag)
     if err["type"] == "extra_forbidden":
         allowed = get_args(MaskKey) if loc[:1] == ["mask"] else [f.alias or k for k, f in fields.items()]
-        return unknown_key(where + name if where or len(loc) > 1 else f"config.{name}", allowed)
+        return d.unknown_key(where + name if where or len(loc) > 1 else f"config.{name}", allowed)
     mask_rule = loc[:1] == ["mask"] and len(loc) > 1  # mask.<role>: typed as mask_default
     info = ConfigFile.model_fields["mask_default"] if mask_rule else fields.get(loc[-1]) if loc else None
-    k = info and key_of(info)  # a section's own errors (not an object) name no type
-    return describe(err, where + _ERROR_NAMES.get(name, name), k and declared_type(info), k and k.limit)
+    # A section's own errors (not an object) name no type.
+    return d.describe(err, where + _ERROR_NAMES.get(name, name), info if d.key_of(info) else None)
 
 
 def _fields(model: Any, parts: list[str], tag: str | None) -> dict[str, Any]:
     """The fields of the section at `parts` of `model` (`input`: the model of input type `tag`)."""
     for part in parts:
-        model = _input_models()[tag] if part == "input" and tag else model_of(model.model_fields[part].annotation)
+        model = _input_models()[tag] if part == "input" and tag else d.model_of(model.model_fields[part].annotation)
     return model.model_fields if model is not None else {}  # mask: a dict
 
 
@@ -151,9 +141,9 @@ def json_schema() -> dict[str, Any]:
 
 def _type_cell(annotation: Any) -> str:
     """`integer or null`, `"a" "b"` (the allowed values), ..."""
-    inner, nullable = optional(annotation)
-    if allowed := choices(inner):
-        text = " ".join(f"`{show(v)}`" for v in allowed)
+    inner, nullable = d.optional(annotation)
+    if allowed := d.choices(inner):
+        text = " ".join(f"`{d.show(v)}`" for v in allowed)
     elif get_origin(inner) is dict:  # mask: role -> rule
         text = f"object of {_type_cell(get_args(inner)[1])}"
     else:
@@ -166,9 +156,9 @@ def _row(*cells: str) -> str:
 
 
 def _setting_row(name: str, info: Any, type_text: str = "") -> str:
-    flag = f"`{k.flag}`" if (k := key_of(info)) and k.flag else ""
-    default = "required" if info.is_required() else f"`{show(info.default)}`"
-    return _row(f"`{name}`", type_text or _type_cell(declared_type(info)), default, flag, info.description)
+    flag = f"`{k.flag}`" if (k := d.key_of(info)) and k.flag else ""
+    default = "required" if info.is_required() else f"`{d.show(info.default)}`"
+    return _row(f"`{name}`", type_text or _type_cell(d.declared_type(info)), default, flag, info.description)
 
 
 def markdown_table() -> str:
@@ -178,13 +168,13 @@ def markdown_table() -> str:
     lines = [_row("key", "type or values", "default", "flag", "meaning"), "|---|---|---|---|---|"]
     for name, info in list(ConfigFile.model_fields.items())[1:]:  # after $schema
         if name == "input":
-            lines.append(_setting_row("input.type", Input.model_fields["type"], " ".join(f"`{show(t)}`" for t in types)))
+            lines.append(_setting_row("input.type", Input.model_fields["type"], " ".join(f"`{d.show(t)}`" for t in types)))
             lines += [_row("`input.*`", f"type `{t}`", "", "", f"options: {', '.join(builder_options(t))}") for t in types]
         elif name == "sources":
             lines += [_setting_row(f"sources[].{k}", f) for k, f in SourceKeys.model_fields.items()]
             lines.append(_row("`sources[].*`", "", "", "", "per-source options, as at the top level (which they "
                               f"extend, key by key): {', '.join(SOURCE_OPTIONS)}"))
-        elif section := model_of(info.annotation):
+        elif section := d.model_of(info.annotation):
             lines += [_setting_row(f"{name}.{k}", f) for k, f in section.model_fields.items()]
         else:
             lines.append(_setting_row(name, info))

@@ -3,4 +3,4 @@
 `run.py` runs one through the run driver (pass one stages each source's parts); `resample.py` is
 pass two (read back, draw, write the mixed parts); `shares.py` sizes each source's share and its
 records' copies; `summary.py` writes the manifest's `mixture` section. The declarations
-(`Mixture`, `MixSource`) are the config's (`etl.config.mixture`)."""
+(`Mixture`, `MixSource`) are the config's (`etl.config.run_config`)."""

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from etl import columns as c
-from etl.config.mixture import Mixture
+from etl.config.run_config import Mixture
 from etl.mixture.shares import copies, source_targets
 from etl.mixture.summary import Staged, entry, shares_realised
 from etl.output.part_writer import PartWriter, StagedParts

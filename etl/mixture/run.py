@@ -19,8 +19,7 @@ import functools
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from etl.config.mixture import Mixture
-from etl.config.run_config import RunConfig
+from etl.config.run_config import Mixture, RunConfig
 from etl.errors import EtlError
 from etl.output.part_writer import PartWriter, StagedParts
 from etl.pipeline.accounting import Counts

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from etl import columns as c
-from etl.config.mixture import MixSource, Mixture
+from etl.config.run_config import MixSource, Mixture
 from etl.pipeline.accounting import Counts
 
 NOT_DRAWN = "not_drawn"  # drop reason of the records a mixture's down-sampling left out

@@ -10,7 +10,7 @@ import pytest
 
 import etl.export.episodes
 from etl.cli import main
-from etl.config.flags import flag_values
+from etl.config.build import flag_values
 from etl.config.run_config import MAX_CHUNK_BYTES, RunConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "raw"

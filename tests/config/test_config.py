@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.cli import main
-from etl.config.from_file import config_from_dict, train_roles
+from etl.config.build import config_from_dict, train_roles
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
 

@@ -14,8 +14,8 @@ import tomllib
 
 from etl.cli import main
 from etl.columns import INPUT_TYPES
+from etl.config.build import config_from_dict
 from etl.config.file import TURN_POLICIES
-from etl.config.from_file import config_from_dict
 from etl.config.run_config import RunConfig
 from etl.config.schema import markdown_table
 from etl.errors import EtlError

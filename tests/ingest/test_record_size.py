@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import etl.tokens.hf_tokenizer as hf
 from etl.cli import main
-from etl.config.from_file import config_from_dict
+from etl.config.build import config_from_dict
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 from etl.formats.builders import (

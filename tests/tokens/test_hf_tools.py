@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from etl.analysis.check_template import check_template
-from etl.config.from_file import config_from_dict
+from etl.config.build import config_from_dict
 from etl.config.run_config import RunConfig
 from etl.tokens.hf_template import resolve_template_name
 from etl.tokens.loading import load_tokenizer
