@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 SRC ?= examples/raw/
 DST ?= parquet/
 # Unset variables pass no flag, so a CONFIG file's tokenizer/template/seq_len stay in force
-# (defaults: the built-in byte tokenizer, the ngpt template, S = 2048).
+# (defaults: the built-in byte tokenizer, the template `auto`: ngpt for it, the tokenizer's own
+# chat_template (hf) for a tokenizer that has one; S = 2048).
 SEQ_LEN ?=
 TOKENIZER ?=
 TEMPLATE ?=

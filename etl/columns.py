@@ -9,6 +9,8 @@ from etl.errors import EtlError
 
 IGNORE_INDEX = -100
 DEFAULT_SYSTEM_TEXT = "you are a helpful assistant."
+# `--template`'s default: `hf` for a tokenizer with a chat_template, else `ngpt` (etl.tokens.hf_template).
+AUTO_TEMPLATE = "auto"
 DEFAULT_SEQ_LEN = 2048
 # S, the tokens of an example or a pack, is T + 1: T next-token targets need S >= 2. One rule for
 # `etl run` (seq_len), `etl pack --seq-len` and the loader's collate functions.

@@ -241,7 +241,9 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
 
     Args:
         src: input file, directory or glob (any input type the config's builder reads).
-        config: run settings; `seq_len` is raised so that nothing is truncated.
+        config: run settings, resolved as `etl run` resolves them (`template: auto`, the
+            template's own default system prompt unless given); `seq_len` is raised so that
+            nothing is truncated.
         limit: check at most this many good records.
     """
     config = config.replace(seq_len=NO_TRUNCATION)
@@ -249,7 +251,7 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
     ref = _Reference(ctx)
     template = ctx.template.template
     report = CheckReport(template=template.name, tokenizer=ctx.tokenizer.name, reference=ref.renderer.description,
-                         default_system=config.default_system, template_notes=template.notes,
+                         default_system=ctx.config.default_system, template_notes=template.notes,
                          input_type=config.input_type, template_default_system=_own_default_system(ctx))
     query = ctx.builder_query()
     for source in discover(src):

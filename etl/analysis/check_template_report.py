@@ -82,7 +82,8 @@ def _hints(report: dict[str, Any]) -> list[str]:
     out = [input_type] if input_type else []
     own = report["template_default_system"]
     if own is not None and own != report["default_system"]:
-        out.append(f"to insert the chat_template's own system prompt where a conversation has none, set "
+        out.append("to insert the chat_template's own system prompt where a conversation has none, use "
+                   "template hf (auto's choice for this tokenizer) and leave default_system unset, or set "
                    f"\"default_system\": {json.dumps(own, ensure_ascii=False)} in a --config file")
     if report["rejected"] and not input_type:
         out.append("rejected records are not checked; `etl run SRC DST` writes each one with its reason "

@@ -11,14 +11,16 @@ from etl.errors import EtlError
 NAME = "check-template"
 HELP = "compare the pipeline's ids with the tokenizer's own chat_template tokenized whole"
 DESCRIPTION = """\
-Run the etl pipeline in memory on SRC (no truncation) and compare each example's input_ids
-with the reference: the tokenizer's chat_template applied to the same conversation (content,
-reasoning as reasoning_content, tool calls as tool_calls, the record's tools, the pipeline's
-inserted default system message) by transformers' apply_chat_template(tokenize=True), the ids
-a trainer using transformers gets; without transformers installed, etl's jinja2 rendering of
-the template encoded whole by the raw `tokenizers` library (for Phi-3 the two paths differ
-after special tokens). Special-token text in content is control to the reference and text to
-etl, on purpose: such examples are counted apart. Prints a table: identical examples, those
+Run the etl pipeline in memory on SRC (no truncation), with the run's config (its template,
+default auto: hf for a tokenizer with a chat_template; its default system prompt, default the
+template's own), and compare each example's input_ids with the reference: the tokenizer's
+chat_template applied to the same conversation (content, reasoning as reasoning_content, tool
+calls as tool_calls, the record's tools, the pipeline's inserted default system message) by
+transformers' apply_chat_template(tokenize=True), the ids a trainer using transformers gets;
+without transformers installed, etl's jinja2 rendering of the template encoded whole by the raw
+`tokenizers` library (for Phi-3 the two paths differ after special tokens). Special-token text
+in content is control to the reference and text to etl, on purpose: such examples are counted
+apart. Prints a table: identical examples, those
 equal after ignoring a leading bos and trailing eos/pad/whitespace, records rejected before the
 check; a one-line verdict; the reference used; hints (the input type the records' keys suggest,
 the chat_template's own default system prompt); and the first differing example as aligned
@@ -38,12 +40,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("src", metavar="SRC", help="input file, directory or glob")
     p.add_argument("--tokenizer", required=True, help="Hugging Face tokenizer directory with a chat_template")
-    add_flags(p, ("template",), template="hf")
+    add_flags(p, ("template",))
     p.add_argument("--limit", type=int, metavar="N", help="check at most N records")
     p.add_argument("--config", help="JSON or TOML run config (input type, default system, ...)")
     add_flags(p, ("input_type",))
     p.add_argument("--no-default-system", action="store_true",
-                   help="do not insert etl's default system message (the template may insert its own)")
+                   help="insert no system message where a conversation has none (default: the "
+                   "template's own; with this flag the reference's chat_template may still write its own)")
     p.add_argument("--format", choices=["text", "json"], default="text", help="output format (default text)")
 
 

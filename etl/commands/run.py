@@ -23,9 +23,17 @@ written (every record rejected or dropped; this outranks 3).
 With `sources` in the config file (a mixture of several inputs, each with its own options,
 mixed by weight), SRC is left out: etl run --config mix.toml DST (README "Mixtures").
 
+Defaults follow the tokenizer: --template auto is hf (the tokenizer's own chat_template, so the
+ids equal transformers' apply_chat_template) for a tokenizer with a chat_template, and ngpt for
+`bytes`, a tokenizer that carries ngpt's markers or one without a chat_template; a conversation
+without a system message gets the template's own (hf: the one its chat_template writes, e.g.
+Qwen2.5's, or none for Qwen3; presets: "you are a helpful assistant.") unless default_system is
+set in the config or --no-default-system is given. The manifest records the choices made.
+
 examples:
   etl run examples/raw parquet/
-  etl run chats.jsonl out/ --tokenizer path/to/qwen2.5 --template chatml --seq-len 4096
+  etl run chats.jsonl out/ --tokenizer path/to/qwen2.5 --seq-len 4096   # template hf: Qwen's own
+  etl run chats.jsonl out/ --tokenizer path/to/qwen2.5 --template chatml --no-default-system
   etl run s3://bucket/raw/ out/          # credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
   etl run --config examples/configs/mixture.toml mix/
 """
@@ -44,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "flags override it")
     add_flags(p, ("tokenizer", "template", "seq_len", "input_type", "truncation"))
     p.add_argument("--no-default-system", action="store_true",
-                   help="do not insert a system message when missing (default_system: null in a config)")
+                   help="do not insert a system message when missing (default_system: null in a config; "
+                   "default: the template's own)")
     p.add_argument("--engine", choices=["local", "ray"], default="local",
                    help="execution engine: local (default) or ray (a Ray cluster, `pip install etl[ray]`; "
                    "same rows, README 'Running on Ray')")

@@ -84,8 +84,13 @@ class Settings(Section):
             raise EtlError(describe(err, getattr(key_of(fields[attr]), "path", None) or attr, fields[attr])) from None
 
     def replace(self, **changes: Any) -> Self:
-        """A copy with `changes`, checked as a new one is (`model_copy` checks nothing)."""
-        return type(self)(**{**dict(self), **changes})
+        """A copy with `changes`, checked as a new one is (`model_copy` checks nothing).
+
+        Only the fields this one was given, and `changes`, are passed: the copy's
+        `model_fields_set` still tells a setting the user gave from a default that the run may
+        resolve later (`default_system`: the template's own unless given).
+        """
+        return type(self)(**{**{name: getattr(self, name) for name in self.model_fields_set}, **changes})
 
 
 def optional(annotation: Any) -> tuple[Any, bool]:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BeforeValidator, Field, WrapValidator
 
 from etl.columns import (
+    AUTO_TEMPLATE,
     DEFAULT_MAX_CHARS,
     DEFAULT_MAX_RECORD_BYTES,
     DEFAULT_MIN_CHARS,
@@ -141,8 +142,10 @@ class ConfigFile(Section):
                                           "input: prompt, response)")
     mask_default: MaskAction = key("mask", "the rule of roles that mask does not list")
     preprocessing: Preprocessing = Field(default_factory=Preprocessing, description=Preprocessing.__doc__)
-    template: str | None = key("ngpt", "ngpt, post_training, chatml, llama3, phi3, or hf (derived from the "
-                               "tokenizer's chat_template)", flag="--template", null_is_default=True)
+    template: str | None = key(AUTO_TEMPLATE, "auto (hf when the tokenizer has a chat_template and lacks the ngpt "
+                               "markers, else ngpt), ngpt, post_training, chatml, llama3, phi3, or hf (derived "
+                               "from the tokenizer's chat_template); the manifest records the one used",
+                               flag="--template", null_is_default=True)
     tokenizer: str | None = key("bytes", "`bytes` (built-in), a tokenizer.json, or a Hugging Face model "
                                 "directory", flag="--tokenizer", null_is_default=True)
     seq_len: int | None = key(DEFAULT_SEQ_LEN, "S, the longest input_ids an example keeps", flag="--seq-len",
@@ -152,7 +155,8 @@ class ConfigFile(Section):
     mask_options: MaskTokens = Field(default_factory=MaskTokens, description=MaskTokens.__doc__)
     split: Split = Field(default_factory=Split, description=Split.__doc__)
     default_system: str | None = key(DEFAULT_SYSTEM_TEXT, "system message inserted where a conversation has "
-                                     "none; null: none")
+                                     "none; null: none; not given: the template's own (presets: this default; "
+                                     "hf: the one its chat_template writes, or none)")
     sources: list[SourceKeys] | None = Field(None, description="a mixture: one table per source, each with "
                                              "its path and its own options (README \"Mixtures\")")
     seed: int = key(0, "seed of a mixture's draws (which records are kept or repeated)")

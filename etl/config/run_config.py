@@ -65,7 +65,13 @@ class MaskOptions(Settings):
 
 
 class RunConfig(Settings):
-    """Every setting of a run: written into the manifest so a run can be reproduced."""
+    """Every setting of a run: written into the manifest so a run can be reproduced.
+
+    Two settings follow the tokenizer until the run starts: `template` (`auto`: `hf` for a
+    tokenizer with a chat_template, else `ngpt`) and `default_system` when it was not given
+    (not in `model_fields_set`: the template's own). The run's resources resolve both once
+    (`with_template`), so the manifest records what was used, never `auto`.
+    """
 
     tokenizer: str = at("tokenizer")
     template: str = at("template")
@@ -92,6 +98,19 @@ class RunConfig(Settings):
     def domain_key(self) -> str | None:
         """The record key naming each example's domain: the input's `domain_key` option."""
         return self.input_options.get("domain_key")
+
+    def with_template(self, name: str, system: str | None) -> RunConfig:
+        """This config as run with template `name`, whose own default system prompt is `system`:
+        `template` set to `name` and, unless the user gave one (a file, a flag, a source's option),
+        `default_system` to `system`; a mixture's sources likewise. Resolving twice changes nothing."""
+        changes: dict[str, Any] = {"template": name}
+        if "default_system" not in self.model_fields_set:
+            changes["default_system"] = system
+        if self.mixture is not None:
+            sources = tuple(s.model_copy(update={"config": s.config.with_template(name, system)})
+                            for s in self.mixture.sources)
+            changes["mixture"] = self.mixture.model_copy(update={"sources": sources})
+        return self.replace(**changes)
 
     def to_json(self) -> dict[str, Any]:
         """The manifest's `config` (and part of the run's identity): its keys as they have always been."""

@@ -92,7 +92,8 @@ def _pipeline(sources: list[Source], res: Resources, staging: Path, *, cpus: int
 
 def for_workers(config: RunConfig) -> RunConfig:
     """The config as workers need it: a tokenizer path made absolute, since a worker's working
-    directory is its node's (a `ray start` cluster's, not the driver's)."""
+    directory is its node's (a `ray start` cluster's, not the driver's). Pass `Resources.config`:
+    its template and default system prompt are resolved (`auto` decided once, on the driver)."""
     if config.tokenizer == "bytes" or not Path(config.tokenizer).exists():
         return config
     return config.replace(tokenizer=str(Path(config.tokenizer).absolute()))

@@ -6,6 +6,7 @@ the manifest, replaced by the next run; a README.md etl did not write is left al
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -56,6 +57,18 @@ def _rows(files: list[dict[str, Any]]) -> list[str]:
     return table
 
 
+def _template_text(manifest: dict[str, Any]) -> str:
+    """The template the run used (`auto` resolved: the manifest never holds it) and the system
+    prompt it gave a conversation that had none (`default_system`, resolved the same way)."""
+    config, name = manifest.get("config") or {}, manifest["template"]["name"]
+    text = f"template `{name}`" + (" (the tokenizer's own chat_template)" if name == "hf" else "")
+    if "default_system" not in config or config.get("input_type") == "text":
+        return text
+    system = config["default_system"]
+    given = "none" if system is None else json.dumps(system, ensure_ascii=False)
+    return f"{text}, default system prompt {given}"
+
+
 def card_text(files: list[dict[str, Any]], manifest: dict[str, Any], *, weights: bool) -> str:
     """The card's text, from the run's file entries and manifest only (no time, no DST path)."""
     tok, counts, seq_len = manifest["tokenizer"], manifest["counts"], manifest["seq_len"]
@@ -67,7 +80,7 @@ def card_text(files: list[dict[str, Any]], manifest: dict[str, Any], *, weights:
         "# etl output",
         "",
         (f"Tokenized SFT examples written by `etl run` (etl {manifest['etl_version']}): tokenizer "
-         f"`{tok['name']}`{sha}, template `{manifest['template']['name']}`, seq_len {seq_len} "
+         f"`{tok['name']}`{sha}, {_template_text(manifest)}, seq_len {seq_len} "
          f"(the longest `input_ids`). Read {counts['read']:,} records, wrote {counts['written']:,} "
          f"examples ({counts['truncated']:,} truncated), dropped or rejected {lost:,}."),
         "",

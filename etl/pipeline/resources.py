@@ -1,5 +1,9 @@
 """What one `etl run` resolves once, before the first chunk, and every chunk only reads:
-config, tokenizer, template ids, BOS/EOS and default-system ids, a DuckDB connection."""
+config, tokenizer, template ids, BOS/EOS and default-system ids, a DuckDB connection.
+
+The config is resolved here too: `template: auto` becomes the template chosen for the tokenizer
+and an unset `default_system` the template's own, so the manifest (and Ray's workers, which get
+`Resources.config`) record what the run used."""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from etl.output.parquet import identity_of
 from etl.pipeline.accounting import Counts
 from etl.pipeline.reasoning import ReasoningRender
 from etl.pipeline.startup import builder_query_for
-from etl.tokens.hf_template import load_template_and_tokenizer
+from etl.tokens.hf_template import load_template_and_tokenizer, own_default_system
 from etl.tokens.loading import load_tokenizer
 from etl.tokens.templates import Template, TemplateIds, resolve_template
 from etl.tokens.tokenizer import TextTokenizer, encode_template_text
@@ -93,9 +97,11 @@ def build_resources(
     config: RunConfig, *, template: Template | None = None, con: duckdb.DuckDBPyConnection | None = None,
     cache: CacheSettings | None = None,
 ) -> Resources:
-    """Resolve tokenizer, template, BOS/EOS and the default system ids once per run.
+    """Resolve tokenizer, template, BOS/EOS and the default system ids once per run; the
+    resources' config is `config` with the template chosen and the default system prompt
+    resolved (`resolved_config`).
 
-    `template`: the preset `config.template` names, when the caller resolved it already.
+    `template`: the preset `config.template` names (or `auto` picks), when the caller resolved it already.
     `cache`: the token cache to read and fill; None: none (repeats in a batch still tokenize once).
     """
     _check_input_type(config)
@@ -106,6 +112,7 @@ def build_resources(
         template, tokenizer = load_template_and_tokenizer(config.template, tokenizer_spec=config.tokenizer, lazy=lazy)
     else:
         tokenizer = load_tokenizer(config.tokenizer, special_tokens=template.special_tokens, lazy=lazy)
+    config = resolved_config(config, template)
     encoder = Encoder(tokenizer, cache)  # first: it hands the tokenizer the answers it remembers
     tokenizer.vocab_size  # noqa: B018 - the manifest's, asked now: the answers the cache keeps at close hold it
     ids = resolve_template(template, tokenizer)
@@ -128,6 +135,12 @@ def build_resources(
     )
 
 
+def resolved_config(config: RunConfig, template: Template) -> RunConfig:
+    """`config` as run with `template`: its name for `auto`, its own default system prompt
+    (`own_default_system`) where the user gave none; a mixture's sources too."""
+    return config.with_template(template.name, own_default_system(template))
+
+
 def _system_ids(tokenizer: TextTokenizer, config: RunConfig) -> list[int] | None:
     if config.default_system is None or config.input_type == "text":
         return None
@@ -138,6 +151,7 @@ def resources_for(res: Resources, config: RunConfig) -> Resources:
     """The run's resources with another config (a mixture's source): its own input type, default
     system, masks and truncation over the same tokenizer, template, BOS/EOS and connection."""
     _check_input_type(config)
+    config = resolved_config(config, res.template.template)
     return dataclasses.replace(res, config=config, system_ids=_system_ids(res.tokenizer, config))
 
 

@@ -14,9 +14,11 @@ import os
 import sys
 import time
 
+from etl.columns import AUTO_TEMPLATE
 from etl.config.run_config import RunConfig
 from etl.formats.builders import BuilderQuery, build_query
-from etl.tokens.templates import HF, Template, preset
+from etl.tokens.loading import has_chat_template
+from etl.tokens.templates import HF, NGPT, Template, preset
 
 # `etl run --timings` key: seconds from the process's start to the first record's parse.
 STARTUP = "startup"
@@ -24,8 +26,12 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def preset_template(config: RunConfig) -> Template | None:
-    """The preset template `config.template` names; None for `hf`, which needs the tokenizer."""
-    return None if config.template == HF else preset(config.template)
+    """The preset template `config.template` names (`auto`: ngpt when the tokenizer has no
+    chat_template); None for `hf`, or `auto` with a chat_template, which need the tokenizer."""
+    name = config.template
+    if name == AUTO_TEMPLATE:
+        name = HF if has_chat_template(config.tokenizer) else NGPT
+    return None if name == HF else preset(name)
 
 
 def builder_query_for(cfg: RunConfig, template: Template) -> BuilderQuery:

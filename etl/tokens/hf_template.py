@@ -4,7 +4,8 @@ The chat_template is rendered (jinja2, as `transformers` does) on probe conversa
 marker contents (`etl.tokens.hf_probe`); the text around the markers becomes bos, per-role headers,
 ends and separators, and eos. A default system prompt the template injects is exposed as
 `default_system`, never folded into a header. `resolve_template_name` is the one entry point
-that turns a `--template` name (preset or `hf`) into a `Template`.
+that turns a `--template` name (`auto`, a preset or `hf`) into a `Template`; `auto_template` says
+which one `auto` is for a tokenizer, and `own_default_system` the system prompt a template writes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from etl.columns import AUTO_TEMPLATE, DEFAULT_SYSTEM_TEXT
 from etl.errors import EtlError
 from etl.tokens.chat_jinja import (
     CONFIG_FILE,
@@ -39,8 +41,16 @@ from etl.tokens.hf_probe import (
 )
 from etl.tokens.hf_reasoning import block_remover, derive_reasoning
 from etl.tokens.hf_tools import derive_tool_format
-from etl.tokens.loading import load_tokenizer
-from etl.tokens.templates import HF, ReasoningFormat, RoleFormat, Template, preset
+from etl.tokens.loading import has_chat_template, load_tokenizer
+from etl.tokens.templates import (
+    HF,
+    NGPT,
+    NGPT_MARKERS,
+    ReasoningFormat,
+    RoleFormat,
+    Template,
+    preset,
+)
 from etl.tokens.tokenizer import TextTokenizer
 from etl.tokens.tool_format import ToolFormat
 
@@ -143,13 +153,39 @@ def _assemble(roles: Roles, probe: Probe, *, added: Sequence[AddedToken], notes:
                       notes="; ".join(notes), default_system=roles.default_system)
 
 
+def carries_ngpt(tokenizer: TextTokenizer) -> bool:
+    """Whether the vocabulary has all four ngpt markers (a tokenizer trained with etl's own format)."""
+    return all(tokenizer.special_id(marker) is not None for marker in NGPT_MARKERS)
+
+
+def auto_template(tokenizer: TextTokenizer) -> str:
+    """The template `auto` picks for a loaded tokenizer: `hf` when it has a chat_template and lacks
+    the ngpt markers (the model's own format, so the ids equal `apply_chat_template`), else `ngpt`
+    (`bytes`, a tokenizer trained with the markers, or one without a chat_template)."""
+    if has_chat_template(getattr(tokenizer, "path", None)) and not carries_ngpt(tokenizer):
+        return HF
+    return NGPT
+
+
+def own_default_system(template: Template) -> str | None:
+    """The system prompt a template writes where a conversation has none: for `hf` the one its
+    chat_template injects (Qwen2.5: "You are Qwen, ...", Qwen3: none), for a preset etl's
+    DEFAULT_SYSTEM_TEXT. A run uses it unless `default_system` is given."""
+    if isinstance(template, _HFTemplate):
+        return template.default_system
+    return DEFAULT_SYSTEM_TEXT
+
+
 def resolve_template_name(name: str, tokenizer: TextTokenizer) -> Template:
-    """`PRESETS[name]` for a preset; for `hf` the template derived from the tokenizer's chat_template.
+    """`PRESETS[name]` for a preset; for `hf` the template derived from the tokenizer's chat_template;
+    for `auto` the one `auto_template` picks.
 
     Raises:
         EtlError: unknown name, `hf` with a tokenizer that has no tokenizer_config.json next to
             its tokenizer.json, or a chat_template `hf` cannot express.
     """
+    if name == AUTO_TEMPLATE:
+        name = auto_template(tokenizer)
     if name != HF:
         return preset(name)
     path = getattr(tokenizer, "path", None)
@@ -163,12 +199,16 @@ def resolve_template_name(name: str, tokenizer: TextTokenizer) -> Template:
 def load_template_and_tokenizer(
     name: str, *, tokenizer_spec: str, lazy: bool = False
 ) -> tuple[Template, TextTokenizer]:
-    """Tokenizer first for `hf` (the template comes from it), template first for presets.
+    """Tokenizer first for `hf` (the template comes from it), template first for presets; `auto`
+    is `ngpt` without a chat_template (decided from tokenizer_config.json alone), else decided
+    by the loaded tokenizer (`auto_template`). The returned template's name is the one chosen.
 
     The built-in `bytes` tokenizer registers a preset's special tokens when it is created, so a
     preset must be known before the tokenizer is loaded; `hf` reads the tokenizer's own files.
     """
-    if name == HF:
+    if name == AUTO_TEMPLATE and not has_chat_template(tokenizer_spec):
+        name = NGPT
+    if name in (HF, AUTO_TEMPLATE):  # auto with a chat_template: hf unless the vocabulary has ngpt's markers
         tokenizer = load_tokenizer(tokenizer_spec, lazy=lazy)
         return resolve_template_name(name, tokenizer), tokenizer
     template = preset(name)

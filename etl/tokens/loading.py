@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from etl.errors import EtlError
+from etl.tokens.chat_jinja import CONFIG_FILE, chat_template_source, load_config
 from etl.tokens.hf_tokenizer import HFTokenizer
 from etl.tokens.tokenizer import BYTES, ByteTokenizer, TextTokenizer
 
@@ -26,6 +27,24 @@ def load_tokenizer(
     if not Path(spec).exists():
         raise EtlError(f"tokenizer {spec} does not exist; pass `bytes`, a tokenizer.json or a model directory")
     return HFTokenizer(spec, lazy=lazy)
+
+
+def has_chat_template(spec: str | os.PathLike[str] | None) -> bool:
+    """Whether a tokenizer's tokenizer_config.json (in its directory, or beside its tokenizer.json)
+    defines a chat_template: read without parsing tokenizer.json (~7 KB for Qwen), so `etl run`
+    can choose the `auto` template before the tokenizer loads. False for `bytes`."""
+    if spec is None or str(spec) == BYTES:
+        return False
+    path = Path(spec)
+    config = path / CONFIG_FILE if path.is_dir() else path.with_name(CONFIG_FILE)
+    if not config.is_file():
+        return False
+    document = load_config(config)  # a malformed file is an error naming it, not "no template"
+    try:
+        chat_template_source(document)
+    except EtlError:  # no chat_template, or an empty one
+        return False
+    return True
 
 
 def load_tokenizer_from_manifest(manifest: dict[str, Any]) -> TextTokenizer:

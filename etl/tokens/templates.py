@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from etl.columns import AUTO_TEMPLATE
 from etl.errors import EtlError
 from etl.tokens.tokenizer import TextTokenizer, encode_template_text
 from etl.tokens.tool_format import (
@@ -31,6 +32,8 @@ NGPT_SYS = f"<|ngpt_sys_{NGPT_SUFFIX}|>"
 NGPT_USR = f"<|ngpt_usr_{NGPT_SUFFIX}|>"
 NGPT_ASST = f"<|ngpt_asst_{NGPT_SUFFIX}|>"
 NGPT_EOT = f"<|ngpt_eot_{NGPT_SUFFIX}|>"
+NGPT = "ngpt"  # the token-native format: the default for `bytes` and for a tokenizer without a chat_template
+NGPT_MARKERS = (NGPT_SYS, NGPT_USR, NGPT_ASST, NGPT_EOT)
 
 
 @dataclass(frozen=True)
@@ -96,14 +99,14 @@ def _per_role(header: str, end: str, sep: str = "", roles: tuple[str, ...] = ROL
 
 
 PRESETS: dict[str, Template] = {
-    "ngpt": Template(
-        name="ngpt",
+    NGPT: Template(
+        name=NGPT,
         roles={
             "system": RoleFormat(NGPT_SYS, NGPT_EOT),
             "user": RoleFormat(NGPT_USR, NGPT_EOT),
             "assistant": RoleFormat(NGPT_ASST, NGPT_EOT),
         },
-        special_tokens=(NGPT_SYS, NGPT_USR, NGPT_ASST, NGPT_EOT),
+        special_tokens=NGPT_MARKERS,
         eot=NGPT_EOT,
         notes="token-native role markers, EOT is the only stop boundary",
     ),
@@ -158,9 +161,9 @@ def get_template(name: str) -> Template:
 
 
 def preset(name: str) -> Template:
-    """`get_template`, with `hf` among the names an error lists (it is a `--template` choice)."""
+    """`get_template`, with `hf` and `auto` among the names an error lists (`--template` choices)."""
     if name not in PRESETS:
-        raise EtlError(f"unknown template {name!r}; choose one of: {', '.join(sorted([*PRESETS, HF]))}")
+        raise EtlError(f"unknown template {name!r}; choose one of: {', '.join(sorted([*PRESETS, HF, AUTO_TEMPLATE]))}")
     return get_template(name)
 
 
@@ -220,10 +223,12 @@ def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateId
     used = "".join(f.header + f.end + f.sep for f in template.roles.values()) + template.bos + template.eos
     missing = [tok for tok in specials if tok in used and tokenizer.special_id(tok) is None]
     if missing:
+        why = (" (ngpt is the default for a tokenizer with no chat_template in its tokenizer_config.json)"
+               if template.name == NGPT else "")
         raise EtlError(
             f"template {template.name}: {', '.join(missing)} not in the vocabulary of tokenizer "
-            f"{tokenizer.name}; pick a template this tokenizer was trained with (e.g. --template "
-            "chatml for Qwen, phi3 for Phi-3, hf to derive it from tokenizer_config.json) or use "
+            f"{tokenizer.name}{why}; pass the template this tokenizer was trained with: --template "
+            "chatml|llama3|phi3|post_training, or hf to derive it from a chat_template; or use "
             "--tokenizer bytes"
         )
 

@@ -108,8 +108,14 @@ def test_check_template_without_a_config_reads_as_a_table_and_hints(tmp_path: Pa
     assert "{" not in out.split("first difference")[0]  # no Python dict or JSON dump
     assert "  records rejected, not checked" in out and "invalid_json 1" in out
     assert "verdict: every differing example has special-token text in its content" in out
-    assert 'hint: to insert the chat_template\'s own system prompt where a conversation has none, set ' \
-        '"default_system": "You are tiny." in a --config file' in out
+    # The default system prompt is the template's own: nothing to hint at.
+    assert "default system: etl inserts 'You are tiny.'; the chat_template's own is 'You are tiny.'" in out
+    assert "hint: to insert" not in out
+    (tmp_path / "cfg.json").write_text(json.dumps({"default_system": "Be brief."}))
+    told = etl("check-template", "raw.jsonl", "--tokenizer", str(tok), "--config", "cfg.json", cwd=tmp_path).stdout
+    assert "hint: to insert the chat_template's own system prompt where a conversation has none, use template " \
+        'hf (auto\'s choice for this tokenizer) and leave default_system unset, or set "default_system": ' \
+        '"You are tiny." in a --config file' in told
 
 
 def test_check_template_on_another_layout_names_the_input_type_in_one_line(tmp_path: Path) -> None:
