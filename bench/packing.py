@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from etl.columns import DATA_DIR, NUM_TOKENS
 from etl.errors import EtlWarning
+from etl.loader.groups import PackOptions
 from etl.packing.registry import pack
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,7 +123,7 @@ def trl_section(lengths: np.ndarray, seq_len: int, repeats: int) -> list[list[st
 LOADER_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("padded (collate=fixed)", {}),
     ("packed bfd, etl pack index", {"packing": "bfd"}),
-    ("packed bfd online per epoch (max_docs_per_bin=64)", {"packing": "bfd", "pack_options": {"max_docs_per_bin": 64}}),
+    ("packed bfd online per epoch (max_docs_per_bin=64)", {"packing": PackOptions("bfd", max_docs_per_bin=64)}),
 ]
 
 

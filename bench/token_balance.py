@@ -1,5 +1,5 @@
 """Token-balanced ranks: max/min real tokens per step across 8 simulated ranks on T0, with and
-without `ParquetLoader(balance_tokens=True)`, padded and packed.
+without `ParquetLoader(balance=True)`, padded and packed.
 
     python bench/token_balance.py [DST] [--batch-size 8] [--world-size 8] [--seed 0]
 
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from etl.loader import ParquetLoader, SamplerOptions, TokenBalance
 from etl.loader.balance import imbalance, imbalance_floor
-from etl.loader.dataloader import ParquetLoader
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
@@ -39,7 +39,7 @@ CONFIGS: list[tuple[str, int | None, dict[str, Any]]] = [
     (mode, window, {**extra, **balance})
     for mode, extra in (("padded", {}), ("packed bfd", {"packing": "bfd"}))
     for window in ((8, None) if mode == "padded" else (8,))
-    for balance in ({}, {"balance_tokens": True, "balance_window": 1}, {"balance_tokens": True})
+    for balance in ({}, {"balance": TokenBalance(window=1)}, {"balance": TokenBalance()})
 ]
 
 
@@ -91,9 +91,10 @@ def results(
     rows = []
     for mode, shuffle_window, options in CONFIGS:
         loads, step_items, seconds = rank_tokens(dst, world_size=world_size, batch_size=batch_size,
-                                                 seed=seed, shuffle_window=shuffle_window, **options)
+                                                 seed=seed, sampler=SamplerOptions(shuffle_window=shuffle_window),
+                                                 **options)
         ratio = imbalance(loads)
-        balance = "off" if "balance_tokens" not in options else f"on, window {options.get('balance_window', 8)}"
+        balance = "off" if "balance" not in options else f"on, window {options['balance'].window}"
         rows.append({
             "mode": mode, "shuffle": "full" if shuffle_window is None else f"blocks of {shuffle_window} row groups",
             "balance": balance, "B": batch_size, "W": world_size, "steps": len(ratio),
@@ -109,7 +110,7 @@ def results(
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The rows as a markdown table."""
-    head = ("| mode | shuffle | balance_tokens | steps | mean | p50 | p99 | worst | steps > 1.05 "
+    head = ("| mode | shuffle | balance | steps | mean | p50 | p99 | worst | steps > 1.05 "
             "| floor > 1.05 | epoch layout ms |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     body = [f"| {r['mode']} | {r['shuffle']} | {r['balance']} | {r['steps']} | {r['mean']:.4f} | "
             f"{r['p50']:.4f} | {r['p99']:.3f} | {r['worst']:.3f} | {r['over_105']} | "

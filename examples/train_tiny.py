@@ -3,13 +3,14 @@
     make etl                                   # examples/raw -> parquet/ (byte tokenizer)
     .venv/bin/python examples/train_tiny.py parquet/ --steps 200
 
-It prints a line every --log-every steps, and at least every LOG_SECONDS: on a CPU a step at
-S = 2048 takes seconds (the GRU runs over all T positions), so 200 steps take many minutes;
-data made with `make etl SEQ_LEN=257` trains several times faster.
+It prints a line every --log-every steps, and at least every LOG_SECONDS. Batches are padded to
+their longest example (``collate="longest"``), not to T = S - 1: the sample's examples are a few
+dozen to a few hundred tokens, so a step runs over that many positions, not 2047.
 
 The model is a byte-level bigram-plus-context toy (embedding -> GRU -> logits); the point is
 the data path: `ParquetLoader` batches, `y` already -100 where not trained, a checkpoint of
-the loader state next to the model's, and resuming it.
+the loader state next to the model's, and resuming it. `examples/train_hf.py` trains a
+transformers model on packed batches instead.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from etl.columns import IGNORE_INDEX
 from etl.loader import ParquetLoader
 from etl.output.manifest import read_manifest
 
-# Longest silence between progress lines: one step at S = 2048 takes seconds on a CPU (5-35 s
-# measured on 2 busy cores), so a line every N steps alone could leave minutes of silence.
+# Longest silence between progress lines: a line every N steps alone could leave long silences
+# on a busy CPU (a step padded to T = 2047 took 5-35 s on 2 busy cores).
 LOG_SECONDS = 10.0
 
 
@@ -57,11 +58,13 @@ def train(
     vocab = read_manifest(dst)["tokenizer"]["vocab_size"]
     model = TinyLM(vocab)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    loader = ParquetLoader(dst, batch_size=batch_size, seq_len=seq_len, seed=seed, drop_last=False)
+    # collate="longest": T is the batch's longest example (rounded up to 64), not S - 1.
+    loader = ParquetLoader(dst, batch_size=batch_size, seq_len=seq_len, seed=seed, drop_last=False,
+                           collate="longest")
     losses: list[float] = []
     if log_every:
         print(f"train_tiny: {len(loader.dataset):,} examples, batch {batch_size}, T = {loader.seq_len - 1}, "
-              f"{steps} steps", flush=True)
+              f"{steps} steps (each batch padded to its longest example)", flush=True)
     start = last = time.monotonic()
     while len(losses) < steps:
         for batch in loader:  # one epoch; x/y (B, T) int64, y = -100 where not trained

@@ -17,6 +17,11 @@ from typing import Any
 
 _EXPORTS = {
     "ParquetLoader": "dataloader",
+    "PadOptions": "groups",
+    "PackOptions": "groups",
+    "SamplerOptions": "groups",
+    "CacheOptions": "groups",
+    "DomainWeights": "groups",
     "ParquetDataset": "dataset",
     "EpochSampler": "samplers",
     "RandomSampler": "samplers",
@@ -31,11 +36,14 @@ _EXPORTS = {
     "PACKED_COLLATE_FNS": "collate_packed",
     "document_block_mask": "attention",
     "document_sdpa_mask": "attention",
+    "hf_inputs": "hf_kwargs",  # not hf_inputs.py: a submodule of that name would shadow it
     "PackSampler": "pack_sampler",
     "TokenBalance": "balance",
     "BALANCERS": "balance",
     "Ragged": "etl.ragged",  # lives at the top: output/ uses it too
     "TorchCollate": "device",
+    **dict.fromkeys(["token_losses", "trained_positions", "count_trained", "count_examples",
+                     "token_mean_loss", "example_losses", "example_mean_loss", "sequence_sum_loss"], "loss"),
 }
 
 __all__ = list(_EXPORTS)

@@ -164,10 +164,10 @@ class TokenBalance:
         if self.strategy not in BALANCERS:
             raise EtlError(
                 f"unknown token balance {self.strategy!r}; choose one of {sorted(BALANCERS)} "
-                "(or balance_tokens=True for 'swap')"
+                "(balance=True is TokenBalance('swap'))"
             )
         if not isinstance(self.window, (int, np.integer)) or self.window < 1:
-            raise EtlError(f"balance_window must be an integer >= 1 (steps), got {self.window!r}")
+            raise EtlError(f"TokenBalance(window=...) must be an integer >= 1 (steps), got {self.window!r}")
 
     def fingerprint(self) -> dict[str, Any]:
         """What a resume must find equal (the sampler's state carries it)."""
@@ -229,8 +229,9 @@ class TokenBalance:
 
 
 def token_balance(balance_tokens: bool | str | None, window: int | None = None) -> TokenBalance | None:
-    """The loader's ``balance_tokens`` / ``balance_window`` options as a `TokenBalance` or None
-    (the window defaults to DEFAULT_WINDOW).
+    """The loader's ``balance`` shorthand (True: ``swap``; a name of `BALANCERS`) or its older
+    ``balance_tokens`` / ``balance_window`` keywords as a `TokenBalance` or None (the window
+    defaults to DEFAULT_WINDOW).
 
     Raises:
         EtlError: an unknown strategy, a window below 1, or a window without balancing.
@@ -238,7 +239,7 @@ def token_balance(balance_tokens: bool | str | None, window: int | None = None) 
     if balance_tokens is None or balance_tokens is False:
         if window is not None:
             raise EtlError("balance_window regroups steps for token balancing; "
-                           "pass balance_tokens=True with it")
+                           f"pass balance=TokenBalance(window={window!r})")
         return None
     strategy = "swap" if balance_tokens is True else str(balance_tokens)
     return TokenBalance(strategy, DEFAULT_WINDOW if window is None else window)

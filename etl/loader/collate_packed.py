@@ -34,7 +34,8 @@ PackedCollateFn = Callable[..., dict[str, np.ndarray]]
 class _Grid:
     """(B, S) ``tokens`` (data dtype, garbage on padding), ``valid``, ``ok`` (may be a trained
     label: every rule but the target's), ``weight`` (float32 or None); (B, T) ``seg`` and ``pos``
-    over x; ``runs`` (3, R) flat start in x, row and segment of every run of x, in order."""
+    over x (T = S - 1 for target ``y``, S for ``labels``); ``runs`` (3, R) flat start in x, row
+    and segment of every run of x, in order."""
 
     tokens: np.ndarray
     valid: np.ndarray
@@ -94,10 +95,11 @@ def _take(flat: np.ndarray, src: np.ndarray) -> np.ndarray:
 _LEN, _LEN_X, _SEG, _BASE, _SRC, _TRAINED, _PAD, _ROW, _COL, _RUN = range(10)
 
 
-def _items(batch: PackedBatch, seq_len: int) -> np.ndarray:
+def _items(batch: PackedBatch, seq_len: int, width: int) -> np.ndarray:
     """(10, P + B) int64 item table in cell order: row 0's pieces, row 0's padding, row 1's ...
 
-    Rows: cells of S (sum B x S); cells of x (a row's last non-empty item loses column S - 1);
+    Rows: cells of S (sum B x S); cells of x, ``width`` = T of them a row (at T = S - 1 a row's
+    last non-empty item loses column S - 1);
     segment (0 on padding); column where the item's segment (or padding) starts; flat index of
     its first cell minus that column; trained; padding; row; first column; a run of x starts.
     One table, so the ~40 small numpy calls of per-column arrays (~2 us each) become ~15.
@@ -117,27 +119,27 @@ def _items(batch: PackedBatch, seq_len: int) -> np.ndarray:
     pieces[_COL], pads[_COL] = col, row_len
     pieces[_RUN], pads[_RUN] = new_seg, True
     # Cell order: piece j goes to slot j + row[j], row b's padding right after its last piece.
-    pad_slot = np.cumsum(np.bincount(batch.row, minlength=batch.num_rows)) + np.arange(
-        batch.num_rows
-    )
+    pad_slot = np.cumsum(np.bincount(batch.row, minlength=batch.num_rows)) + np.arange(batch.num_rows)
     order = np.empty(num + batch.num_rows, dtype=np.int64)
     order[pieces[_ROW] + np.arange(num)] = np.arange(num)
     order[pad_slot] = num + np.arange(batch.num_rows)
     table = table[:, order]
-    table[_LEN_X, np.where(row_len < seq_len, pad_slot, pad_slot - 1)] -= 1
+    if width < seq_len:
+        table[_LEN_X, np.where(row_len < seq_len, pad_slot, pad_slot - 1)] -= 1
     return table
 
 
 def _grid(
-    batch: PackedBatch, *, seq_len: int, use_loss_mask: bool, eos_id: int | None, boundary: bool
+    batch: PackedBatch, *, seq_len: int, width: int, use_loss_mask: bool, eos_id: int | None, boundary: bool
 ) -> _Grid:
-    """Lay the pieces out in rows: (B, S) tokens and rules, (B, T) segments and positions.
+    """Lay the pieces out in rows: (B, S) tokens and rules, (B, T) segments and positions, T =
+    ``width`` (S - 1 or S).
 
     Each per-cell array is one ``np.repeat`` of an item row (10-25 us at B=32, S=2049), ~4x
     cheaper than gathering through a cell -> item index; temporaries are few (src, tokens).
     """
-    it = _items(batch, seq_len)
-    num_rows, width = batch.num_rows, seq_len - 1
+    it = _items(batch, seq_len, width)
+    num_rows = batch.num_rows
 
     def cells(item_row: np.ndarray, over_x: bool = False) -> np.ndarray:
         return np.repeat(item_row, it[_LEN_X] if over_x else it[_LEN]).reshape(num_rows, -1)
@@ -158,7 +160,7 @@ def _grid(
     # Padding counts from 0 as a run of its own: positions stay small and inside the table of
     # learned-position models; padding is never trained, so the values do not reach the loss.
     pos = cells(it[_BASE], over_x=True)
-    np.subtract(col[:-1], pos, out=pos)
+    np.subtract(col[:width], pos, out=pos)
     run = (it[_RUN] == 1) & (it[_COL] < width)  # runs that begin inside x
     weight = batch.pieces.weight
     return _Grid(
@@ -175,17 +177,17 @@ def _grid(
 def _labels(g: _Grid, target: PackedTarget) -> tuple[np.ndarray, slice, np.ndarray]:
     """(B, T) trained labels, the token columns they read, and trained by x-position.
 
-    ``"y"``: label i is token i + 1, predicted at x-position i. ``"labels"``: label i is token
-    i, predicted at x-position i - 1 by the model's own shift; column 0 is never a label.
+    ``"y"``: label i is token i + 1, predicted at x-position i. ``"labels"`` (T = S): label i
+    is token i, predicted at x-position i - 1 by the model's own shift; column 0 is never a label.
     """
     if target == "y":
         trained = np.ascontiguousarray(g.ok[:, 1:])
         return trained, slice(1, None), trained
-    trained = g.ok[:, :-1].copy()
+    trained = g.ok.copy()
     trained[:, 0] = False
     at_x = np.zeros_like(trained)
     at_x[:, :-1] = trained[:, 1:]
-    return trained, slice(None, -1), at_x
+    return trained, slice(None), at_x
 
 
 def _runs(g: _Grid, at_x: np.ndarray, num_seg: int) -> dict[str, np.ndarray]:
@@ -217,7 +219,8 @@ def collate_packed(
     train_on_eos: bool = True,
     eos_id: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """Packed rows of S = seq_len tokens -> (B, T) arrays, T = S - 1, as a padded batch has.
+    """Packed rows of S = seq_len tokens -> (B, T) arrays: T = S - 1 (target ``y``, as a padded
+    batch has) or T = S (target ``labels``: the model shifts, so no token is lost).
 
     Trade-off: fixed shapes and ~no padding, but the model must read ``segment_ids`` (document
     mask, `etl.loader.attention`) and ``position_ids`` to train as if unpacked; otherwise it is
@@ -229,14 +232,14 @@ def collate_packed(
 
     Args:
         batch: B rows of pieces (at most S tokens per row).
-        seq_len: S = T + 1 tokens per row before the shift.
+        seq_len: S, the tokens of a row (T = S - 1 for target ``y``, S for ``labels``).
         pad_id: id after a row's last piece (segment 0, never trained).
         use_loss_mask: False trains every real token (never padding).
         mask_dtype: dtype of ``loss_mask``: bool (the default collate) or np.float32 (the episode loader).
         ignore_index: label where not trained; None keeps the raw ids.
-        target: ``"y"`` (``x`` = t[:-1], ``y`` = t[1:]) or ``"labels"`` (chomp-style:
-            ``input_ids`` = ``labels`` = t[:-1], the model shifts, so token S - 1 of a full
-            row is never predicted).
+        target: ``"y"`` (``x`` = t[:-1], ``y`` = t[1:]) or ``"labels"`` (as transformers
+            models take them: ``input_ids`` = ``labels`` = t, -100 where not trained and at
+            column 0; the model shifts, so every token of a full row is predicted but the first).
         mask_boundary_loss: nothing predicts the next document's first token.
         train_on_eos: False ignores every label equal to ``eos_id``.
         eos_id: the eos id; required when ``train_on_eos`` is False.
@@ -258,20 +261,14 @@ def collate_packed(
         EtlBug: a malformed batch (a bug of the packer that built it).
     """
     if use_loss_mask and batch.pieces.mask is None:
-        raise EtlError(
-            "the data has no loss mask; pass use_loss_mask=False to train on every token"
-        )
+        raise EtlError("the data has no loss mask; pass use_loss_mask=False to train on every token")
     if not train_on_eos and eos_id is None:
         raise EtlError("train_on_eos=False needs eos_id=<the tokenizer's eos token id>")
     if target not in ("y", "labels"):
         raise EtlError(f"target must be 'y' or 'labels', got {target!r}")
-    g = _grid(
-        batch,
-        seq_len=seq_len,
-        use_loss_mask=use_loss_mask,
-        eos_id=None if train_on_eos else eos_id,
-        boundary=mask_boundary_loss,
-    )
+    width = seq_len if target == "labels" else seq_len - 1
+    g = _grid(batch, seq_len=seq_len, width=width, use_loss_mask=use_loss_mask,
+              eos_id=None if train_on_eos else eos_id, boundary=mask_boundary_loss)
     trained, cols, at_x = _labels(g, target)
     if ignore_index is None:  # raw ids: only padding is replaced
         labels = _fill(g.tokens[:, cols], g.valid[:, cols], pad_id)
@@ -279,10 +276,10 @@ def collate_packed(
         labels = _fill(g.tokens[:, cols], trained, ignore_index)
     x_name, label_name = ("x", "y") if target == "y" else ("input_ids", "labels")
     out = {
-        x_name: _fill(g.tokens[:, :-1], g.valid[:, :-1], pad_id),
+        x_name: _fill(g.tokens[:, :width], g.valid[:, :width], pad_id),
         label_name: labels,
         "loss_mask": trained.astype(mask_dtype, copy=False),
-        "attention_mask": np.ascontiguousarray(g.valid[:, :-1]),
+        "attention_mask": np.ascontiguousarray(g.valid[:, :width]),
         "segment_ids": g.seg,
         "position_ids": g.pos,
         **_runs(g, at_x, int(batch.segment.max(initial=0))),

@@ -8,22 +8,32 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
-from typing import Any, Literal
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from etl.errors import EtlError, EtlWarning
-from etl.loader.balance import TokenBalance, token_balance
-from etl.loader.collate import COLLATE_FNS, CutSide, resolve_eos_id, resolve_pad_id
+from etl.loader.balance import TokenBalance
+from etl.loader.collate import resolve_eos_id, resolve_pad_id
 from etl.loader.dataset import ParquetDataset
 from etl.loader.device import TorchCollate, resolve_device, to_device
 from etl.loader.domain_mix import DomainMix, dataset_domain_mix
-from etl.loader.options import check_choice, rank_world, resolve_seq_len
+from etl.loader.groups import (
+    CacheOptions,
+    DomainWeights,
+    LoaderGroups,
+    PackOptions,
+    PadOptions,
+    SamplerOptions,
+    resolve_groups,
+)
+from etl.loader.legacy_keywords import upgrade
+from etl.loader.options import rank_world, resolve_seq_len
 from etl.loader.pack_sampler import make_pack_sampler
-from etl.loader.samplers import SAMPLERS, EpochSampler, RandomSampler
+from etl.loader.samplers import EpochSampler, RandomSampler
 from etl.packing.index import SPLITTING
 
 
@@ -31,57 +41,46 @@ class ParquetLoader:
     """Fixed-shape training batches from an ``etl run`` output, deterministic and resumable.
 
     Iterating yields dicts of tensors on ``device``: ``x``, ``y`` (B, T) int64 (``y`` = -100 where
-    not trained), ``loss_mask`` (B, T) aligned to ``y``, ``attention_mask`` (B, T) bool. One
-    ``for`` loop is one epoch (or its remainder after a resume); the next loop starts the next.
+    not trained), ``loss_mask`` (B, T) aligned to ``y``, ``attention_mask`` (B, T) bool. As in
+    torchdata's ``StatefulDataLoader``, every ``for`` (every ``iter()``) starts a new epoch, so a
+    peek (``next(iter(loader))``) then a ``for`` gives a whole epoch; only right after
+    `load_state_dict` does it resume the rest of the saved epoch. The parts work alone with
+    torch's ``DataLoader(loader.dataset, batch_sampler=loader.sampler, collate_fn=loader.collate_fn)``;
+    ``loader.options`` holds the option groups as resolved (`etl.loader.groups.LoaderGroups`).
 
     Args:
         dst: ``etl run`` output directory.
-        batch_size: examples per batch on this rank (B).
+        batch_size: examples (or packs) per batch on this rank (B).
         split: ``train`` or ``val``.
         seq_len: S = T + 1; default the manifest's ``seq_len``.
-        pad_id: default the manifest's ``pad_id``, else its ``eot_id``.
-        sampler: ``epoch`` (each row once per epoch) or ``random`` (with replacement).
         seed: base seed; epoch e uses ``seed + e``.
-        shuffle: epoch sampler only; False keeps file order.
-        drop_last: epoch sampler only; drop rows that cannot fill a batch on every rank.
-        shuffle_window: row groups mixed per shuffling window (block shuffle, see
-            `etl.loader.samplers.epoch_order`); None or 0 shuffles the whole split.
-        num_batches: random sampler only; batches per epoch.
-        collate: ``fixed`` (T = S - 1) or ``longest`` (dynamic, T rounded to ``pad_multiple``).
-        pad_multiple: rounding of T for ``longest``.
-        use_loss_mask: False trains every real token.
-        mask_dtype: ``bool`` or ``float32`` loss mask.
-        truncation: ``right`` or ``left``, for examples longer than S.
-        min_tokens: skip examples shorter than this.
+        shuffle: False keeps file order.
+        drop_last: drop rows that cannot fill a batch on every rank.
         num_workers: DataLoader worker processes (0: load in the training process).
-        rank: default from torch.distributed when initialized, else 0; world_size likewise 1.
         device: where batches go; ``cuda`` pins memory and copies without blocking.
-        cache_row_groups: decoded row groups always kept per worker (at least ``shuffle_window``).
-        cache_mb: more row groups are kept while they fit in this budget (per worker).
-        weights: deliver ``loss_weight`` when the data has it; None (default) does so whenever
-            the column exists (per-message weights are part of the data), False ignores it.
-        packing: ``bfd``, ``ffd``, ``sequential`` or ``stream``: batches of B packed rows of at most
-            S tokens (README "Packing"); `etl pack`'s index is used when it matches strategy, S
-            and ``pack_options``, else each epoch is packed online with ``seed + epoch``. Batches
-            add ``segment_ids``, ``position_ids``, ``cu_seqlens``, ``max_seqlen`` and
-            ``segment_trained``; ``collate`` and ``min_tokens`` do not apply with an index.
-        pack_options: packer keywords (``buffer_docs``, ``max_docs_per_bin``).
-        target: ``y`` (x/y, shifted here) or ``labels`` (input_ids/labels, the model shifts,
-            chomp-style); packed batches only.
-        mask_boundary_loss: packed: no label predicts the next document's first token.
-        train_on_eos: packed: False sets every label equal to ``eos_id`` to -100.
-        eos_id: default the manifest's last ``eos_ids``, else its ``eot_id``.
-        balance_tokens: deal every step's B x world_size rows (or packs) to ranks so that each
-            rank gets B of them and nearly the same real tokens (`etl.loader.balance`); True is
-            ``swap``, or name a key of ``BALANCERS``. Off by default: rank r takes every W-th row.
-        balance_window: steps whose rows are regrouped before dealing (default 8); 1 keeps each
-            step's rows as drawn (small B on a heavy tail cannot balance then; README
-            "Token-balanced ranks").
-        domain_weights: ``{domain: weight}``: each epoch still has len(dataset) examples, domain
-            d's share w_d / sum(w) exactly up to rounding (its rows repeated or a seeded subset,
-            new every epoch; sampler ``random``: row chance w_d / (n_d sum(w))). Domains not
-            named are left out; packing packs the weighted rows online, never from `etl pack`'s
-            index (it holds every row once). README "Domain weights", `etl.loader.domain_mix`.
+        rank: default from torch.distributed when initialized, else 0; world_size likewise 1.
+        packing: ``bfd``, ``ffd``, ``sequential``, ``stream`` or `PackOptions` (packer knobs,
+            ``target``, boundary and EOS rules, row options): batches of B packed rows of at
+            most S tokens (README "Packing"); `etl pack`'s index is used when it matches
+            strategy, S and packer options, else each epoch is packed online with ``seed +
+            epoch``. Batches add ``segment_ids``, ``position_ids``, ``cu_seqlens``,
+            ``max_seqlen`` and ``segment_trained``.
+        collate: padded batches only: ``fixed`` (T = S - 1, the default), ``longest`` (T of the
+            batch's longest example) or `PadOptions` (``pad_multiple``, row options: pad_id,
+            use_loss_mask, mask_dtype, truncation, min_tokens, loss_weight).
+        sampler: ``epoch`` (each row once an epoch), ``random`` (with replacement; not with
+            packing) or `SamplerOptions` (``shuffle_window``, ``num_batches``).
+        balance: deal every step's B x world_size rows (or packs) to ranks so each rank gets B
+            of them and nearly the same real tokens: True (``swap``), a dealer name or
+            `TokenBalance` (``window``: steps regrouped first, default 8; README "Token-balanced
+            ranks"). Off by default: rank r takes every W-th row.
+        domains: `DomainWeights` or a dict ``{domain: weight}``: each epoch still has
+            len(dataset) examples, domain d's share w_d / sum(w) exactly up to rounding (README
+            "Domain weights"); with packing, packed online (the index holds every row once).
+        cache: `CacheOptions`: decoded row groups kept per worker (``row_groups``, ``mb``).
+        **deprecated: the keywords of earlier releases (``pad_multiple``, ``pack_options``,
+            ``balance_tokens``, ...): folded into their groups with a DeprecationWarning that
+            names the new form (`etl.loader.legacy_keywords`).
     """
 
     def __init__(
@@ -91,140 +90,84 @@ class ParquetLoader:
         batch_size: int,
         split: str = "train",
         seq_len: int | None = None,
-        pad_id: int | None = None,
-        sampler: Literal["epoch", "random"] = "epoch",
         seed: int = 0,
         shuffle: bool = True,
         drop_last: bool = True,
-        shuffle_window: int | None = 8,
-        num_batches: int | None = None,
-        collate: str = "fixed",
-        pad_multiple: int = 64,
-        use_loss_mask: bool = True,
-        mask_dtype: Literal["bool", "float32"] = "bool",
-        truncation: CutSide = "right",
-        min_tokens: int = 2,
         num_workers: int = 0,
+        device: str | torch.device = "cpu",
         rank: int | None = None,
         world_size: int | None = None,
-        device: str | torch.device = "cpu",
-        cache_row_groups: int = 8,
-        cache_mb: float = 256,
-        weights: bool | None = None,
-        packing: str | None = None,
-        pack_options: dict[str, Any] | None = None,
-        target: Literal["y", "labels"] = "y",
-        mask_boundary_loss: bool = True,
-        train_on_eos: bool = True,
-        eos_id: int | None = None,
-        balance_tokens: bool | str = False,
-        balance_window: int | None = None,
-        domain_weights: dict[str, float] | None = None,
+        packing: str | PackOptions | None = None,
+        collate: str | PadOptions | None = None,
+        sampler: str | SamplerOptions = "epoch",
+        balance: bool | str | TokenBalance | None = None,
+        domains: Mapping[str, float] | DomainWeights | None = None,
+        cache: CacheOptions | None = None,
+        **deprecated: Any,
     ):
-        check_choice("sampler", sampler, sorted(SAMPLERS))
-        check_choice("collate", collate, sorted(COLLATE_FNS))
-        check_choice("mask_dtype", mask_dtype, ["bool", "float32"])
-        window = shuffle_window or 0
+        given = {"packing": packing, "collate": collate, "sampler": sampler, "balance": balance,
+                 "domains": domains, "cache": cache}
+        self.options: LoaderGroups = resolve_groups(**upgrade(deprecated, given))
+        rows, pack, cache_ = self.options.rows, self.options.packing, self.options.cache
+        window = self.options.sampler.window
         self.dataset = ParquetDataset(
-            dst, split=split, min_tokens=min_tokens, weights=weights,
-            cache_row_groups=max(cache_row_groups, window), cache_mb=cache_mb,
+            dst, split=split, min_tokens=rows.min_tokens, weights=rows.loss_weight,
+            cache_row_groups=max(cache_.row_groups, window), cache_mb=cache_.mb,
         )
         manifest = self.dataset.manifest
-        self.seq_len = resolve_seq_len(seq_len, manifest.get("seq_len"), truncation,
-                                        splits=packing in SPLITTING)
-        self.pad_id = resolve_pad_id(pad_id, manifest)
+        self.seq_len = resolve_seq_len(seq_len, manifest.get("seq_len"), rows.truncation,
+                                        splits=pack is not None and pack.strategy in SPLITTING)
+        self.pad_id = resolve_pad_id(rows.pad_id, manifest)
         self.rank, self.world_size = rank_world(rank, world_size)
         self.device = resolve_device(device)
+        weights = None if self.options.domains is None else self.options.domains.weights
         common = {"batch_size": batch_size, "seed": seed, "shuffle": shuffle, "drop_last": drop_last,
-                  "balance": token_balance(balance_tokens, balance_window),
-                  "domains": dataset_domain_mix(self.dataset, domain_weights)}
-        if packing is None:
-            self.sampler = self._make_sampler(sampler, window=window, num_batches=num_batches,
-                                              num_workers=num_workers, **common)
-            self.collate_fn = self._make_collate(
-                collate, pad_multiple=pad_multiple, use_loss_mask=use_loss_mask,
-                truncation=truncation, mask_dtype=mask_dtype,
-            )
+                  "balance": self.options.balance, "domains": dataset_domain_mix(self.dataset, weights)}
+        row_options = {"seq_len": self.seq_len, "pad_id": self.pad_id, "use_loss_mask": rows.use_loss_mask,
+                       "mask_dtype": np.float32 if rows.mask_dtype == "float32" else np.bool_}
+        if pack is None:
+            self.sampler = self._make_sampler(window=window, num_workers=num_workers, **common)
+            assert isinstance(rows, PadOptions)
+            self.collate_fn = TorchCollate(rows.strategy, {
+                **row_options, "pad_multiple": rows.multiple, "truncation": rows.truncation})
         else:
-            if sampler != "epoch":
-                raise EtlError("packing works with sampler='epoch' (every pack once per epoch)")
-            self._make_packed(
-                packing, pack_options=pack_options, window=window, truncation=truncation,
-                collate_options={"use_loss_mask": use_loss_mask, "target": target,
-                                 "mask_dtype": np.float32 if mask_dtype == "float32" else np.bool_,
-                                 "mask_boundary_loss": mask_boundary_loss, "train_on_eos": train_on_eos,
-                                 "eos_id": resolve_eos_id(eos_id, manifest)},
-                **common,
+            self.sampler = make_pack_sampler(
+                self.dataset, strategy=pack.strategy, seq_len=self.seq_len, options=pack.packer_options,
+                blocks=self.dataset.row_groups if window and shuffle else 0, mix=max(window, 1),
+                truncation=pack.truncation, rank=self.rank, world_size=self.world_size, **common,
             )
+            self.collate_fn = TorchCollate("packed", {
+                **row_options, "target": pack.target, "mask_boundary_loss": pack.mask_boundary_loss,
+                "train_on_eos": pack.train_on_eos, "eos_id": resolve_eos_id(pack.eos_id, manifest)})
         self.num_workers = num_workers
         self.dataloader = DataLoader(
             self.dataset, batch_sampler=self.sampler, collate_fn=self.collate_fn,
             num_workers=num_workers, pin_memory=self.device.type == "cuda",
         )
         self.epoch, self.position = 0, 0
-
-    def _make_packed(
-        self,
-        strategy: str,
-        *,
-        pack_options: dict[str, Any] | None,
-        window: int,
-        truncation: CutSide,
-        collate_options: dict[str, Any],
-        **common: Any,
-    ) -> None:
-        """Sampler of packs (`make_pack_sampler`) and the packed collate with this loader's S."""
-        check_choice("target", collate_options["target"], ["labels", "y"])
-        self.sampler = make_pack_sampler(
-            self.dataset, strategy=strategy, seq_len=self.seq_len, options=pack_options,
-            blocks=self.dataset.row_groups if window and common["shuffle"] else 0, mix=max(window, 1),
-            truncation=truncation, rank=self.rank, world_size=self.world_size, **common,
-        )
-        self.collate_fn = TorchCollate(
-            "packed", {"seq_len": self.seq_len, "pad_id": self.pad_id, **collate_options}
-        )
-
-    def _make_collate(
-        self,
-        strategy: str,
-        *,
-        pad_multiple: int,
-        use_loss_mask: bool,
-        truncation: CutSide,
-        mask_dtype: str,
-    ) -> TorchCollate:
-        """The batch builder: `strategy` from COLLATE_FNS with this loader's S and pad id."""
-        options = {
-            "seq_len": self.seq_len,
-            "pad_id": self.pad_id,
-            "pad_multiple": pad_multiple,
-            "use_loss_mask": use_loss_mask,
-            "truncation": truncation,
-            "mask_dtype": np.float32 if mask_dtype == "float32" else np.bool_,
-        }
-        return TorchCollate(strategy, options)
+        # `_resume`: the next iter() continues (epoch, position) (set by load_state_dict);
+        # `_live`: the newest iterator has not finished; `_iterators`: how many were made.
+        self._resume, self._live, self._iterators = False, False, 0
 
     def _make_sampler(
         self,
-        kind: str,
         *,
         batch_size: int,
         seed: int,
         shuffle: bool,
         drop_last: bool,
         window: int,
-        num_batches: int | None,
         num_workers: int,
         balance: TokenBalance | None,
         domains: DomainMix | None,
     ) -> EpochSampler | RandomSampler:
+        """The row sampler of `SamplerOptions` with this loader's rank, world size and costs."""
         common = {"batch_size": batch_size, "seed": seed, "rank": self.rank, "balance": balance,
-                  "domains": domains}
-        common["world_size"] = self.world_size
+                  "domains": domains, "world_size": self.world_size}
         if balance is not None:  # a row's real tokens: it is cut to S
             common["costs"] = np.minimum(self.dataset.example_lengths(), self.seq_len)
-        if kind == "random":
-            return RandomSampler(len(self.dataset), num_batches=num_batches, **common)
+        if self.options.sampler.strategy == "random":
+            return RandomSampler(len(self.dataset), num_batches=self.options.sampler.num_batches, **common)
         return EpochSampler(
             len(self.dataset),
             shuffle=shuffle,
@@ -236,22 +179,45 @@ class ParquetLoader:
             **common,
         )
 
+    def _next_epoch(self) -> int:
+        """The epoch a new iter() runs: the next one after a partial epoch (a peek, a break),
+        except right after `load_state_dict`, which resumes the saved one."""
+        return self.epoch + 1 if self.position and not self._resume else self.epoch
+
     def __len__(self) -> int:
-        """Batches in the current epoch on this rank (same on every rank)."""
-        return len(self.sampler.batches(self.epoch))
+        """Batches in the epoch in progress, else in the one the next ``for`` starts (on this
+        rank; the same on every rank). Online packing may give each epoch a few packs more or less."""
+        return len(self.sampler.batches(self.epoch if self._live else self._next_epoch()))
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        """A new epoch (torchdata's StatefulDataLoader semantics), or the rest of the loaded one."""
+        epoch = self._next_epoch()
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
+        self._resume, self._live = False, True
+        self._iterators += 1
+        return self._epoch(self._iterators)
+
+    def _epoch(self, number: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Yield the batches of the current epoch from ``position`` on; ``number`` is this
+        iterator's: an older one (replaced by a newer iter()) stops with an error."""
         # Rewind the sampler to what the training loop has consumed: workers may have prefetched
         # batches that were never delivered (a `break`, or a resume).
         self.sampler.epoch, self.sampler.position = self.epoch, self.position
-        for batch in self.dataloader:
-            self.position += 1
-            yield to_device(batch, self.device)
-        self.epoch, self.position = self.epoch + 1, 0
+        try:
+            for batch in self.dataloader:
+                if number != self._iterators:
+                    raise EtlError("this iterator of the loader was replaced by a newer iter(loader) "
+                                   "(a new `for` starts a new epoch); keep using the newest one")
+                self.position += 1
+                yield to_device(batch, self.device)
+            self.epoch, self.position = self.epoch + 1, 0
+        finally:
+            self._live = self._live and number != self._iterators
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch on the next iteration."""
-        self.epoch, self.position = int(epoch), 0
+        self.epoch, self.position, self._resume = int(epoch), 0, False
 
     def _data(self) -> dict[str, Any]:
         """What the batches are made of: the split's parts (a digest of their manifest entries),
@@ -270,7 +236,9 @@ class ParquetLoader:
                 "data": self._data()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at exactly the next batch after the one the saved state had delivered.
+        """Resume at exactly the next batch after the one the saved state had delivered: the
+        next iter() (the next ``for``) yields the rest of the saved epoch, the one after it the
+        following epoch.
 
         Raises:
             EtlError: the state was saved on other data (another output or split, a rerun with
@@ -287,7 +255,7 @@ class ParquetLoader:
                 raise EtlError(f"cannot resume: the state was saved on other data ({'; '.join(differ)}); "
                                f"load it with the output and options it was saved with ({saved.get('dst')})")
         self.sampler.load_state_dict(state)
-        self.epoch, self.position = self.sampler.epoch, self.sampler.position
+        self.epoch, self.position, self._resume = self.sampler.epoch, self.sampler.position, True
         if self.position >= len(self.sampler.batches(self.epoch)):
             # Saved after the epoch's last batch: the next batch is the next epoch's first, so
             # the resumed loop does not spend an iteration on an empty epoch.

@@ -218,6 +218,24 @@ class DomainMix:
         return dict(self.requested)
 
 
+def check_domain_weights(weights: Any) -> dict[str, float]:
+    """``{domain: weight}`` as floats sorted by domain, after checking each is finite and >= 0
+    and their sum positive.
+
+    Raises:
+        EtlError: not a non-empty mapping, a weight that is not a number, or the rule broken.
+    """
+    if not isinstance(weights, Mapping) or not weights:
+        raise EtlError(f"domain weights must be a non-empty dict of domain -> weight, got {weights!r}")
+    try:
+        requested = {str(k): float(v) for k, v in weights.items()}
+    except (TypeError, ValueError):
+        raise EtlError(f"domain weights must be numbers, got {dict(weights)!r}") from None
+    if not all(math.isfinite(v) and v >= 0 for v in requested.values()) or not sum(requested.values()) > 0:
+        raise EtlError(f"domain weights must be finite numbers >= 0 with a positive sum, got {requested}")
+    return dict(sorted(requested.items()))
+
+
 def _make_domain_mix(codes: np.ndarray, names: list[str] | tuple[str, ...], weights: Mapping[str, Any]) -> DomainMix:
     """Check ``weights`` against the domains present and align them with the codes.
 
@@ -227,24 +245,17 @@ def _make_domain_mix(codes: np.ndarray, names: list[str] | tuple[str, ...], weig
         EtlError: not a non-empty mapping, a named domain with no row in the split (the message
             lists those present), or a weight that is not finite and >= 0, or a zero sum.
     """
-    if not isinstance(weights, Mapping) or not weights:
-        raise EtlError(f"domain_weights must be a non-empty dict of domain -> weight, got {weights!r}")
-    unknown = sorted(str(k) for k in weights if k not in names)
+    requested = check_domain_weights(weights)
+    unknown = sorted(k for k in requested if k not in names)
     if unknown:
-        raise EtlError(f"domain_weights names domains with no example in this split (after min_tokens): {unknown}; "
+        raise EtlError(f"domain weights name domains with no example in this split (after min_tokens): {unknown}; "
                        f"domains present: {sorted(names)}")
-    try:
-        requested = {str(k): float(v) for k, v in weights.items()}
-    except (TypeError, ValueError):
-        raise EtlError(f"domain weights must be numbers, got {dict(weights)!r}") from None
-    if not all(math.isfinite(v) and v >= 0 for v in requested.values()) or not sum(requested.values()) > 0:
-        raise EtlError(f"domain weights must be finite numbers >= 0 with a positive sum, got {requested}")
     aligned = np.array([requested.get(n, 0.0) for n in names], dtype=np.float64)
-    return DomainMix(np.asarray(codes, dtype=np.int64), tuple(names), aligned, dict(sorted(requested.items())))
+    return DomainMix(np.asarray(codes, dtype=np.int64), tuple(names), aligned, requested)
 
 
 def dataset_domain_mix(dataset: ParquetDataset, weights: Mapping[str, Any] | None) -> DomainMix | None:
-    """The `DomainMix` of ``dataset`` for ``weights`` (the loader's ``domain_weights``); None off."""
+    """The `DomainMix` of ``dataset`` for ``weights`` (the loader's ``domains``); None off."""
     if weights is None:
         return None
     codes, names = dataset.domain_codes()

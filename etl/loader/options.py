@@ -1,10 +1,11 @@
-"""`ParquetLoader`'s option checks: S against the run's, named choices, rank and world size."""
+"""`ParquetLoader`'s option checks: S against the run's, named choices, rank and world size.
+
+Torch-free at import (the option groups, `etl.loader.groups`, build on it).
+"""
 
 from __future__ import annotations
 
 import warnings
-
-import torch.distributed as dist
 
 from etl.columns import MIN_SEQ_LEN
 from etl.errors import EtlError
@@ -54,6 +55,9 @@ def rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Explicit values, else the initialized process group, else a single process."""
     if rank is not None and world_size is not None:
         return rank, world_size
+    # Deferred: the option groups import this module and stay torch-free (~1 s of import).
+    import torch.distributed as dist
+
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return rank or 0, world_size or 1

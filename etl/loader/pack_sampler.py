@@ -207,7 +207,7 @@ def make_pack_sampler(
     options = {k: v for k, v in (options or {}).items() if v is not None}
     wanted = {"strategy": strategy, "seq_len": seq_len, "options": options}
     if index is not None and common.get("domains") is not None:
-        warnings.warn(f"{dataset.dst}: domain_weights repeat and leave out rows, a different set every "
+        warnings.warn(f"{dataset.dst}: domain weights repeat and leave out rows, a different set every "
                       "epoch; the pack index packs every row once, so it is not used: packing online "
                       "every epoch instead", EtlWarning, stacklevel=3)
         index = None

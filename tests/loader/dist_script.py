@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from etl.loader.dataloader import ParquetLoader
+from etl.loader import ParquetLoader, SamplerOptions
 
 
 def main(dst: str, out: str) -> None:
@@ -21,7 +21,8 @@ def main(dst: str, out: str) -> None:
     result = {}
     for drop_last in (True, False):
         # rank / world_size come from the process group; fixture row r starts with token 1000*r.
-        loader = ParquetLoader(dst, batch_size=4, seed=11, drop_last=drop_last, shuffle_window=2)
+        loader = ParquetLoader(dst, batch_size=4, seed=11, drop_last=drop_last,
+                               sampler=SamplerOptions(shuffle_window=2))
         batches = [(b["x"][:, 0] // 1000).tolist() for b in loader]
         counts = torch.tensor([len(batches)])
         gathered = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]

@@ -10,9 +10,10 @@ import itertools
 import json
 import sys
 
-from etl.loader.dataloader import ParquetLoader
+from etl.loader import ParquetLoader, SamplerOptions
 
-LOADER_ARGS = {"batch_size": 4, "seq_len": 16, "seed": 7, "num_workers": 2, "shuffle_window": 2}
+LOADER_ARGS = {"batch_size": 4, "seq_len": 16, "seed": 7, "num_workers": 2,
+               "sampler": SamplerOptions(shuffle_window=2)}
 
 
 def dump(batches: list, path: str) -> None:

@@ -225,7 +225,7 @@ def test_token_balance_options_and_errors() -> None:
     assert token_balance("snake", 4).fingerprint() == {"strategy": "snake", "window": 4}
     with pytest.raises(EtlError, match="choose one of"):
         token_balance("lpt")
-    with pytest.raises(EtlError, match="balance_tokens=True"):
+    with pytest.raises(EtlError, match=r"pass balance=TokenBalance\(window=8\)"):
         token_balance(False, 8)
     with pytest.raises(EtlError, match=">= 1"):
         token_balance(True, 0)

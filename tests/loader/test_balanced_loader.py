@@ -1,4 +1,4 @@
-"""ParquetLoader(balance_tokens=True): simulated ranks get the same rows, nearly equal tokens, resume."""
+"""ParquetLoader(balance=True): simulated ranks get the same rows, nearly equal tokens, resume."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from etl.errors import EtlError
-from etl.loader.balance import imbalance
+from etl.loader.balance import TokenBalance, imbalance
 from etl.loader.dataloader import ParquetLoader
+from etl.loader.groups import PackOptions, SamplerOptions
 
 from .conftest import write_dst
 from .test_dataloader import delivered_targets, trained_targets
@@ -53,7 +54,7 @@ def step_imbalance(per_rank: list[list[dict[str, torch.Tensor]]]) -> np.ndarray:
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_padded_ranks_get_the_same_rows_with_more_even_tokens(skewed: Path, drop_last: bool) -> None:
     common = {"batch_size": 4, "seed": 3, "drop_last": drop_last}
-    plain, dealt = ranks(skewed, **common), ranks(skewed, balance_tokens=True, balance_window=1, **common)
+    plain, dealt = ranks(skewed, **common), ranks(skewed, balance=TokenBalance(window=1), **common)
     assert step_rows(dealt) == step_rows(plain)  # every step keeps its rows; only ranks change
     assert [[b["x"].shape for b in r] for r in dealt] == [[b["x"].shape for b in r] for r in plain]
     before, after = step_imbalance(plain), step_imbalance(dealt)
@@ -66,27 +67,26 @@ def test_padded_ranks_get_the_same_rows_with_more_even_tokens(skewed: Path, drop
 def test_window_moves_rows_between_steps_only_inside_the_window(skewed: Path) -> None:
     common = {"batch_size": 4, "seed": 3}
     plain = step_rows(ranks(skewed, **common))
-    pooled = ranks(skewed, balance_tokens=True, balance_window=4, **common)
+    pooled = ranks(skewed, balance=TokenBalance(window=4), **common)
     rows = step_rows(pooled)
     for first in range(0, len(rows), 4):
         window = [np.concatenate(steps[first : first + 4]) for steps in (rows, plain)]
         assert sorted(window[0]) == sorted(window[1])
-    per_step = ranks(skewed, balance_tokens=True, balance_window=1, **common)
+    per_step = ranks(skewed, balance=TokenBalance(window=1), **common)
     assert step_imbalance(pooled).mean() < step_imbalance(per_step).mean()
 
 
 def test_balancing_regroups_eight_steps_by_default(skewed: Path) -> None:
     common = {"batch_size": 4, "seed": 3}
-    default = step_rows(ranks(skewed, balance_tokens=True, **common))
-    assert default == step_rows(ranks(skewed, balance_tokens=True, balance_window=8, **common))
-    assert default != step_rows(ranks(skewed, balance_tokens=True, balance_window=1, **common))
+    default = step_rows(ranks(skewed, balance=True, **common))
+    assert default == step_rows(ranks(skewed, balance=TokenBalance(window=8), **common))
+    assert default != step_rows(ranks(skewed, balance=TokenBalance(window=1), **common))
 
 
 def test_packed_ranks_share_the_packs_with_even_tokens(skewed: Path) -> None:
     # At most 2 examples a pack: many packs are short, so ranks differ without balancing.
-    common = {"batch_size": 2, "seed": 1, "packing": "bfd", "drop_last": False,
-              "pack_options": {"max_docs_per_bin": 2}}
-    plain, dealt = ranks(skewed, **common), ranks(skewed, balance_tokens=True, **common)
+    common = {"batch_size": 2, "seed": 1, "packing": PackOptions("bfd", max_docs_per_bin=2), "drop_last": False}
+    plain, dealt = ranks(skewed, **common), ranks(skewed, balance=True, **common)
     assert delivered_targets(list(itertools.chain.from_iterable(dealt))) == delivered_targets(
         list(itertools.chain.from_iterable(plain))
     )
@@ -97,28 +97,30 @@ def test_packed_ranks_share_the_packs_with_even_tokens(skewed: Path) -> None:
 @pytest.mark.parametrize("packing", [None, "bfd"])
 def test_resume_mid_epoch_gives_the_same_remaining_batches(skewed: Path, packing: str | None) -> None:
     args = {"batch_size": 3, "seed": 2, "rank": 1, "world_size": 2, "packing": packing,
-            "balance_tokens": True, "balance_window": 3}
+            "balance": TokenBalance(window=3)}
     full = [b["x"].tolist() for b in ParquetLoader(skewed, **args)]
     first = ParquetLoader(skewed, **args)
     taken = [b["x"].tolist() for b in itertools.islice(iter(first), 4)]
     resumed = ParquetLoader(skewed, **args)
     resumed.load_state_dict(first.state_dict())
     assert taken + [b["x"].tolist() for b in resumed] == full
-    for other in ({"balance_tokens": False, "balance_window": None}, {"balance_window": 2},
-                  {"balance_tokens": "snake"}):
+    for other in ({"balance": None}, {"balance": TokenBalance(window=2)},
+                  {"balance": TokenBalance("snake", window=3)}):
         with pytest.raises(EtlError, match="balance_tokens"):
             ParquetLoader(skewed, **{**args, **other}).load_state_dict(first.state_dict())
 
 
 def test_random_sampler_balances_its_draws(skewed: Path) -> None:
-    common = {"batch_size": 4, "seed": 5, "sampler": "random", "num_batches": 10}
-    plain, dealt = ranks(skewed, **common), ranks(skewed, balance_tokens="greedy", balance_window=1, **common)
+    common = {"batch_size": 4, "seed": 5, "sampler": SamplerOptions("random", num_batches=10)}
+    plain, dealt = ranks(skewed, **common), ranks(skewed, balance=TokenBalance("greedy", window=1), **common)
     assert step_rows(dealt) == step_rows(plain)
     assert step_imbalance(dealt).mean() < step_imbalance(plain).mean()
 
 
 def test_options_are_checked(skewed: Path) -> None:
     with pytest.raises(EtlError, match="choose one of"):
-        ParquetLoader(skewed, batch_size=4, balance_tokens="lpt")
-    with pytest.raises(EtlError, match="balance_tokens=True"):
-        ParquetLoader(skewed, batch_size=4, balance_window=8)
+        ParquetLoader(skewed, batch_size=4, balance="lpt")
+    with pytest.raises(EtlError, match=r"TokenBalance\(window=...\) must be an integer >= 1"):
+        TokenBalance(window=0)
+    with pytest.raises(EtlError, match="balance= takes True, a dealer name or TokenBalance"):
+        ParquetLoader(skewed, batch_size=4, balance=8)

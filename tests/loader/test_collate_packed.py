@@ -59,12 +59,18 @@ def test_golden_y_target_every_output() -> None:
 
 def test_golden_labels_target_model_shifts() -> None:
     out = collate_packed(golden(), seq_len=8, pad_id=0, target="labels")
-    assert out["input_ids"].tolist() == [[10, 11, 12, 20, 21, 22, 23], [30, 31, 32, 33, 34, 0, 0]]
+    # T = S = 8: the model shifts, so the rows keep all S tokens (row 0's 8th cell is padding).
+    assert out["input_ids"].tolist() == [[10, 11, 12, 20, 21, 22, 23, 0], [30, 31, 32, 33, 34, 0, 0, 0]]
     # Label i is token i itself; column 0 and each document's first token are never labels.
-    assert out["labels"].tolist() == [[N, 11, 12, N, N, 22, 23], [N, 31, N, 33, 34, N, N]]
-    assert out["loss_mask"].astype(int).tolist() == [[0, 1, 1, 0, 0, 1, 1], [0, 1, 0, 1, 1, 0, 0]]
+    assert out["labels"].tolist() == [[N, 11, 12, N, N, 22, 23, N], [N, 31, N, 33, 34, N, N, N]]
+    assert out["loss_mask"].astype(int).tolist() == [[0, 1, 1, 0, 0, 1, 1, 0], [0, 1, 0, 1, 1, 0, 0, 0]]
+    assert out["attention_mask"].astype(int).tolist() == [[1] * 7 + [0], [1] * 5 + [0] * 3]
+    assert out["segment_ids"].tolist() == [[1, 1, 1, 2, 2, 2, 2, 0], [1, 1, 1, 1, 1, 0, 0, 0]]
+    assert out["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 0, 1, 2]]
+    # Runs over the flattened 2 x 8: A [0, 3), B [3, 7), pad [7, 8), C [8, 13), pad [13, 16).
+    assert out["cu_seqlens"].tolist() == [0, 3, 7, 8, 13, 16] and int(out["max_seqlen"]) == 5
     assert out["segment_trained"].tolist() == [[2, 2], [3, 0]]
-    assert out["loss_weight"].tolist() == [[0, 2, 3, 0, 0, 6, 7], [0, 9, 0, 11, 12, 0, 0]]
+    assert out["loss_weight"].tolist() == [[0, 2, 3, 0, 0, 6, 7, 0], [0, 9, 0, 11, 12, 0, 0, 0]]
     assert "x" not in out and "y" not in out
 
 
@@ -91,13 +97,15 @@ def test_golden_knobs_boundary_eos_trained_raw() -> None:
     assert every["y"].tolist() == [[11, 12, N, 21, 22, 23, N], [31, 32, 33, 34, N, N, N]]
 
 
-def test_full_row_labels_target_never_predicts_the_last_token() -> None:
+def test_full_row_labels_target_keeps_every_token() -> None:
     pieces = Ragged(np.arange(10, 14), np.array([0]), np.array([4]), np.ones(4, bool))
     batch = PackedBatch(pieces, np.array([0]), np.array([1]), 1)
     assert collate_packed(batch, seq_len=4, pad_id=0)["y"].tolist() == [[11, 12, 13]]
-    assert collate_packed(batch, seq_len=4, pad_id=0, target="labels")["labels"].tolist() == [
-        [N, 11, 12]
-    ]
+    out = collate_packed(batch, seq_len=4, pad_id=0, target="labels")
+    assert out["input_ids"].tolist() == [[10, 11, 12, 13]]  # all S tokens of the full pack
+    assert out["labels"].tolist() == [[N, 11, 12, 13]]
+    # The model's shift (logits[:, :-1] against labels[:, 1:]) trains 11, 12, 13: y's targets.
+    assert out["labels"][:, 1:].tolist() == collate_packed(batch, seq_len=4, pad_id=0)["y"].tolist()
 
 
 def test_empty_rows_and_registry() -> None:
@@ -231,17 +239,20 @@ def test_matches_the_per_row_reference(case: tuple[PackedBatch, int], knobs: dic
     lab = run(batch, seq_len, knobs, target="labels")
     for b, r in enumerate(reference_rows(batch, seq_len)):
         rule = [label_rule(r, i, **knobs) for i in range(seq_len)]
-        assert out["x"][b].tolist() == r["t"][:-1] == lab["input_ids"][b].tolist()
+        assert out["x"][b].tolist() == r["t"][:-1] and lab["input_ids"][b].tolist() == r["t"]
         assert out["y"][b].tolist() == [t if ok else N for t, ok in zip(r["t"][1:], rule[1:])]
-        want_labels = [N] + [t if ok else N for t, ok in zip(r["t"][1:-1], rule[1:-1])]
+        want_labels = [N] + [t if ok else N for t, ok in zip(r["t"][1:], rule[1:])]
         assert lab["labels"][b].tolist() == want_labels
+        assert lab["attention_mask"][b].tolist() == [i < r["real"] for i in range(seq_len)]
+        assert lab["segment_ids"][b].tolist() == r["seg"]
         assert out["attention_mask"][b].tolist() == [i < r["real"] for i in range(seq_len - 1)]
         assert out["segment_ids"][b].tolist() == r["seg"][:-1]
         if "loss_weight" in out:
             w = [w if ok else 0.0 for w, ok in zip(r["w"][1:], rule[1:])]
             np.testing.assert_allclose(out["loss_weight"][b], w)
-    np.testing.assert_array_equal(out["segment_ids"], lab["segment_ids"])
-    np.testing.assert_array_equal(out["position_ids"], lab["position_ids"])
+    np.testing.assert_array_equal(out["segment_ids"], lab["segment_ids"][:, :-1])
+    np.testing.assert_array_equal(out["position_ids"], lab["position_ids"][:, :-1])
+    np.testing.assert_array_equal(out["segment_trained"], lab["segment_trained"])
 
 
 @settings(max_examples=150, deadline=None)

@@ -15,6 +15,7 @@ import torch
 from etl.columns import IGNORE_INDEX
 from etl.errors import EtlError
 from etl.loader.dataloader import ParquetLoader
+from etl.loader.groups import PadOptions, SamplerOptions
 
 from .conftest import random_examples, write_dst
 
@@ -35,13 +36,21 @@ def delivered_targets(batches) -> Counter:
     return Counter(int(t) for b in batches for t in b["y"][b["y"] != IGNORE_INDEX])
 
 
+def _epoch(dst: Path, epoch: int, **options: object) -> list[dict[str, torch.Tensor]]:
+    """Epoch ``epoch`` of a fresh loader (batch_size 4, seed 5 unless given)."""
+    loader = ParquetLoader(dst, **{"batch_size": 4, "seed": 5, **options})  # type: ignore[arg-type]
+    loader.set_epoch(epoch)
+    return list(loader)
+
+
 @pytest.mark.parametrize(("window", "workers"), [(None, 0), (2, 0), (2, 2)])
 def test_conservation_every_trained_token_once_per_epoch(
     dst: Path, window: int | None, workers: int
 ) -> None:
     # Fixture lengths are 2..16 = S, so nothing is cut; ids are unique per (row, position).
     loader = ParquetLoader(
-        dst, batch_size=8, drop_last=False, shuffle_window=window, num_workers=workers, seed=3
+        dst, batch_size=8, drop_last=False, sampler=SamplerOptions(shuffle_window=window),
+        num_workers=workers, seed=3,
     )
     assert loader.seq_len == 16 and loader.pad_id == 0
     batches = list(loader)
@@ -63,10 +72,11 @@ def test_conservation_accounts_for_truncation(tmp_path: Path) -> None:
 
 
 def test_workers_and_dynamic_padding(dst: Path) -> None:
-    kwargs = {"batch_size": 4, "seed": 1, "shuffle_window": 2, "collate": "longest"}
-    solo = list(ParquetLoader(dst, num_workers=0, pad_multiple=4, drop_last=False, **kwargs))
+    kwargs = {"batch_size": 4, "seed": 1, "sampler": SamplerOptions(shuffle_window=2),
+              "collate": PadOptions("longest", pad_multiple=4), "drop_last": False}
+    solo = list(ParquetLoader(dst, num_workers=0, **kwargs))
     # The worker-aware batch order depends on num_workers; compare as sets of batches.
-    duo = list(ParquetLoader(dst, num_workers=2, pad_multiple=4, drop_last=False, **kwargs))
+    duo = list(ParquetLoader(dst, num_workers=2, **kwargs))
     key = lambda b: tuple(b["x"].flatten().tolist())
     assert sorted(map(key, solo)) == sorted(map(key, duo))
     # Dynamic padding loses no target (lengths <= S) and T = ceil((longest - 1) / 4) * 4 <= 15.
@@ -109,7 +119,7 @@ def test_collate_is_the_function_not_its_module() -> None:
     assert callable(collate) and collate is via_torch and collate.__name__ == "collate"
 
 
-def test_break_mid_epoch_then_continue_delivers_each_batch_once(dst: Path) -> None:
+def test_break_mid_epoch_then_resume_delivers_each_batch_once(dst: Path) -> None:
     full = [b["x"].tolist() for b in ParquetLoader(dst, batch_size=4, seed=5, num_workers=2)]
     loader = ParquetLoader(dst, batch_size=4, seed=5, num_workers=2)
     head = []
@@ -117,7 +127,13 @@ def test_break_mid_epoch_then_continue_delivers_each_batch_once(dst: Path) -> No
         head.append(b["x"].tolist())
         if len(head) == 3:
             break
+    state = loader.state_dict()
+    assert state["position"] == 3
+    loader.load_state_dict(state)  # a new `for` starts a new epoch unless a state was just loaded
     assert head + [b["x"].tolist() for b in loader] == full
+    it = iter(loader)  # the same iterator, kept, also continues where it stopped
+    first = [next(it)["x"].tolist() for _ in range(2)]
+    assert first + [b["x"].tolist() for b in it] == [b["x"].tolist() for b in _epoch(dst, 1, num_workers=2)]
 
 
 def test_resume_in_a_new_process_equals_an_uninterrupted_run(dst: Path, tmp_path: Path) -> None:
@@ -142,10 +158,8 @@ def test_options_random_sampler_float_mask_and_cpu_fallback(dst: Path) -> None:
     loader = ParquetLoader(
         dst,
         batch_size=6,
-        sampler="random",
-        num_batches=3,
-        mask_dtype="float32",
-        use_loss_mask=True,
+        sampler=SamplerOptions("random", num_batches=3),
+        collate=PadOptions(mask_dtype="float32", use_loss_mask=True),
         seed=4,
     )
     batches = list(loader)
@@ -168,10 +182,11 @@ def test_loader_errors(dst: Path, tmp_path: Path) -> None:
     )
     with pytest.raises(EtlError, match="no pad id"):
         ParquetLoader(root, batch_size=2)
-    assert ParquetLoader(root, batch_size=2, pad_id=3).pad_id == 3
+    pad = PadOptions(pad_id=3)
+    assert ParquetLoader(root, batch_size=2, collate=pad).pad_id == 3
     with pytest.raises(EtlError, match="cannot fill one batch"):
-        ParquetLoader(root, batch_size=8, pad_id=3)
-    assert len(ParquetLoader(root, batch_size=3, drop_last=False, pad_id=3)) == 2
+        ParquetLoader(root, batch_size=8, collate=pad)
+    assert len(ParquetLoader(root, batch_size=3, drop_last=False, collate=pad)) == 2
 
 
 @pytest.mark.parametrize("seq_len", [1, 0, -5])

@@ -1,4 +1,4 @@
-"""ParquetLoader(domain_weights=...): exact shares per epoch, resume, determinism, packing, errors;
+"""ParquetLoader(domains=...): exact shares per epoch, resume, determinism, packing, errors;
 hypothesis properties of the pure functions in `etl.loader.domain_mix`."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from etl.loader.domain_mix import (
     weighted_epoch_rows,
     weighted_random_rows,
 )
+from etl.loader.groups import PadOptions, SamplerOptions
 from etl.packing.index import build_pack_index
 from etl.packing.index_io import write_pack_index
 from etl.packing.turn_spans import TurnSpans
@@ -56,10 +57,10 @@ def _x(batches) -> list[list[list[int]]]:
     return [b["x"].tolist() for b in batches]
 
 
-@pytest.mark.parametrize("extra", [{}, {"shuffle_window": None}, {"num_workers": 2},
-                                   {"balance_tokens": True}])
+@pytest.mark.parametrize("extra", [{}, {"sampler": SamplerOptions(shuffle_window=None)}, {"num_workers": 2},
+                                   {"balance": True}])
 def test_an_epoch_delivers_the_weighted_shares(mixed: Path, extra: dict) -> None:
-    loader = ParquetLoader(mixed, batch_size=4, drop_last=False, domain_weights=WEIGHTS, **extra)
+    loader = ParquetLoader(mixed, batch_size=4, drop_last=False, domains=WEIGHTS, **extra)
     rows = _rows(loader)
     assert len(rows) == len(loader.dataset) == 100  # an unweighted epoch's size
     assert Counter(DOMAIN_OF[rows]) == {"a": 67, "b": 33}  # 2/3 and 1/3 of 100, rounded
@@ -70,27 +71,27 @@ def test_an_epoch_delivers_the_weighted_shares(mixed: Path, extra: dict) -> None
 
 def test_ranks_split_the_weighted_epoch(mixed: Path) -> None:
     ranks = [ParquetLoader(mixed, batch_size=4, drop_last=False, rank=r, world_size=2, seed=1,
-                           domain_weights=WEIGHTS) for r in range(2)]
+                           domains=WEIGHTS) for r in range(2)]
     rows = _rows(ranks[0]) + _rows(ranks[1])
     assert len(ranks[0]) == len(ranks[1]) and len(rows) == 100
     assert Counter(DOMAIN_OF[rows]) == {"a": 67, "b": 33}
 
 
 def test_unnamed_domains_are_left_out(mixed: Path) -> None:
-    rows = _rows(ParquetLoader(mixed, batch_size=4, drop_last=False, domain_weights={"b": 1}))
+    rows = _rows(ParquetLoader(mixed, batch_size=4, drop_last=False, domains={"b": 1}))
     assert set(DOMAIN_OF[rows]) == {"b"} and len(rows) == 100
     assert set(Counter(rows).values()) == {1, 2}  # 100 examples from 90 rows
 
 
 def test_random_sampler_draws_by_the_weights(mixed: Path) -> None:
-    loader = ParquetLoader(mixed, batch_size=4, sampler="random", num_batches=2500, domain_weights=WEIGHTS)
+    loader = ParquetLoader(mixed, batch_size=4, sampler=SamplerOptions("random", num_batches=2500), domains=WEIGHTS)
     drawn = np.concatenate(loader.sampler.batches(0))  # 10k draws: the share's sd is ~0.005
     assert abs(np.mean(DOMAIN_OF[drawn] == "a") - 2 / 3) < 0.02
-    few = ParquetLoader(mixed, batch_size=4, sampler="random", num_batches=5, domain_weights=WEIGHTS)
+    few = ParquetLoader(mixed, batch_size=4, sampler=SamplerOptions("random", num_batches=5), domains=WEIGHTS)
     assert _rows(few) == np.concatenate(few.sampler.batches(0)).tolist()
     p = row_probabilities((DOMAIN_OF == "b").astype(np.int64), np.array([2.0, 1.0]))
     assert np.isclose(p.sum(), 1) and np.allclose(p[DOMAIN_OF == "a"], 2 / 3 / 10)
-    only_b = ParquetLoader(mixed, batch_size=4, sampler="random", domain_weights={"a": 0, "b": 1})
+    only_b = ParquetLoader(mixed, batch_size=4, sampler="random", domains={"a": 0, "b": 1})
     assert set(DOMAIN_OF[np.concatenate(only_b.sampler.batches(0))]) == {"b"}
 
 
@@ -106,10 +107,10 @@ def test_random_rows_draw_weighted_domains_only(weights: list[float], seed: int,
     assert np.array_equal(mine, every.reshape(40, world, 5)[:, world - 1])
 
 
-@pytest.mark.parametrize("extra", [{}, {"packing": "bfd"}, {"sampler": "random", "num_batches": 20},
-                                   {"balance_tokens": True, "rank": 1, "world_size": 2}])
+@pytest.mark.parametrize("extra", [{}, {"packing": "bfd"}, {"sampler": SamplerOptions("random", num_batches=20)},
+                                   {"balance": True, "rank": 1, "world_size": 2}])
 def test_resume_mid_epoch_gives_the_same_remaining_batches(mixed: Path, extra: dict) -> None:
-    args = {"batch_size": 4, "seed": 3, "domain_weights": WEIGHTS, **extra}
+    args = {"batch_size": 4, "seed": 3, "domains": WEIGHTS, **extra}
     whole = ParquetLoader(mixed, **args)
     epoch0, epoch1 = _x(whole), _x(whole)
     first = ParquetLoader(mixed, **args)
@@ -120,14 +121,14 @@ def test_resume_mid_epoch_gives_the_same_remaining_batches(mixed: Path, extra: d
     assert head + _x(resumed) == epoch0
     assert _x(resumed) == epoch1 != epoch0
     with pytest.raises(EtlError, match="domain_weights"):
-        ParquetLoader(mixed, **{**args, "domain_weights": {"a": 1, "b": 1}}).load_state_dict(state)
+        ParquetLoader(mixed, **{**args, "domains": {"a": 1, "b": 1}}).load_state_dict(state)
     with pytest.raises(EtlError, match="domain_weights"):
-        ParquetLoader(mixed, **{**args, "domain_weights": None}).load_state_dict(state)
+        ParquetLoader(mixed, **{**args, "domains": None}).load_state_dict(state)
 
 
 def test_deterministic_per_seed_and_new_every_epoch(mixed: Path) -> None:
     def two_epochs(seed: int) -> tuple[list, list]:
-        loader = ParquetLoader(mixed, batch_size=4, seed=seed, domain_weights=WEIGHTS)
+        loader = ParquetLoader(mixed, batch_size=4, seed=seed, domains=WEIGHTS)
         return _x(loader), _x(loader)
 
     e0, e1 = two_epochs(5)
@@ -142,13 +143,13 @@ def _rows_of(xs: list[list[list[int]]]) -> list[int]:
 
 
 def test_shuffle_false_delivers_the_epoch_in_file_order(mixed: Path) -> None:
-    rows = _rows(ParquetLoader(mixed, batch_size=4, shuffle=False, domain_weights=WEIGHTS))
+    rows = _rows(ParquetLoader(mixed, batch_size=4, shuffle=False, domains=WEIGHTS))
     assert rows == sorted(rows) and Counter(DOMAIN_OF[rows]) == {"a": 67, "b": 33}
 
 
 def test_packing_packs_the_weighted_rows(mixed: Path) -> None:
     loader = ParquetLoader(mixed, batch_size=2, packing="bfd", drop_last=False, seed=2,
-                           domain_weights=WEIGHTS)
+                           domains=WEIGHTS)
     rows = loader.sampler.doc_rows_of(0)[np.unique(loader.sampler.packing(0).doc)]  # with copies
     examples = random_examples(100, seed=7)
     batches = list(loader)
@@ -167,7 +168,7 @@ def test_packing_packs_the_weighted_rows(mixed: Path) -> None:
 def test_a_pack_index_gives_way_to_online_packing(mixed: Path) -> None:
     write_pack_index(mixed, {"train": build_pack_index(mixed, "train", strategy="bfd", seq_len=16, seed=0)})
     with pytest.warns(EtlWarning, match="pack index .* not used"):
-        loader = ParquetLoader(mixed, batch_size=2, packing="bfd", domain_weights=WEIGHTS)
+        loader = ParquetLoader(mixed, batch_size=2, packing="bfd", domains=WEIGHTS)
     assert loader.sampler.index is None and len(loader.sampler.packing(0).doc) == 100
 
 
@@ -187,7 +188,7 @@ def test_stream_packing_of_an_etl_run_with_a_domain_key(tmp_path: Path) -> None:
     codes, names = dataset.domain_codes()
     assert Counter(names[c] for c in codes) == {"math": 8, "chat": 32}
     loader = ParquetLoader(dst, batch_size=2, seq_len=48, packing="stream", drop_last=False,
-                           domain_weights={"math": 1, "chat": 1})
+                           domains={"math": 1, "chat": 1})
     # Docs number the epoch's 40 examples (copies apart); a doc's pieces may span packs.
     docs = np.unique(loader.sampler.packing(0).doc)
     rows = np.searchsorted(dataset.global_rows(), loader.sampler.doc_rows_of(0)[docs])
@@ -197,13 +198,13 @@ def test_stream_packing_of_an_etl_run_with_a_domain_key(tmp_path: Path) -> None:
 
 def test_errors_name_the_domains_and_the_rule(mixed: Path) -> None:
     with pytest.raises(EtlError, match=r"\['c'\].*domains present: \['a', 'b'\]"):
-        ParquetLoader(mixed, batch_size=4, domain_weights={"a": 1, "c": 1})
+        ParquetLoader(mixed, batch_size=4, domains={"a": 1, "c": 1})
     for bad in ({"a": -1.0}, {"a": float("nan")}, {"a": float("inf")}, {"a": 0, "b": 0}, {"a": "x"}):
         with pytest.raises(EtlError, match="domain weights must be"):
-            ParquetLoader(mixed, batch_size=4, domain_weights=bad)
+            ParquetLoader(mixed, batch_size=4, domains=bad)
     for bad in ({}, [("a", 1.0)]):
         with pytest.raises(EtlError, match="non-empty dict"):
-            ParquetLoader(mixed, batch_size=4, domain_weights=bad)
+            ParquetLoader(mixed, batch_size=4, domains=bad)
 
 
 def test_domains_follow_min_tokens_and_nulls_read_as_default(tmp_path: Path) -> None:
@@ -215,7 +216,7 @@ def test_domains_follow_min_tokens_and_nulls_read_as_default(tmp_path: Path) -> 
     codes, names = ParquetDataset(root, min_tokens=5).domain_codes()  # every "z" row is shorter
     assert names == ["x", "__default__", "y"] and len(codes) == 6
     with pytest.raises(EtlError, match=r"\['z'\]"):
-        ParquetLoader(root, batch_size=2, min_tokens=5, domain_weights={"x": 1, "z": 1})
+        ParquetLoader(root, batch_size=2, collate=PadOptions(min_tokens=5), domains={"x": 1, "z": 1})
 
 
 # Pure functions.

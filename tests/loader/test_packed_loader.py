@@ -13,6 +13,7 @@ import torch
 from etl.columns import IGNORE_INDEX
 from etl.errors import EtlError, EtlWarning
 from etl.loader.dataloader import ParquetLoader
+from etl.loader.groups import CacheOptions, PackOptions, PadOptions
 from etl.packing.index import build_pack_index
 from etl.packing.index_io import write_pack_index
 
@@ -88,12 +89,13 @@ def test_ranks_share_the_packs_of_an_epoch(dst: Path) -> None:
     assert set(got) == set(expected) and all(got[t] >= n for t, n in expected.items())
 
 
-def test_labels_target_is_unshifted(dst: Path) -> None:
+def test_labels_target_is_unshifted_and_keeps_every_token(dst: Path) -> None:
     b_y = next(iter(ParquetLoader(dst, batch_size=4, packing="bfd", seed=1)))
-    b_l = next(iter(ParquetLoader(dst, batch_size=4, packing="bfd", seed=1, target="labels")))
-    assert torch.equal(b_l["input_ids"], b_y["x"])
-    # A model that shifts compares logits[:, :-1] with labels[:, 1:]: the same targets as y[:, :-1].
-    assert torch.equal(b_l["labels"][:, 1:], b_y["y"][:, :-1])
+    b_l = next(iter(ParquetLoader(dst, batch_size=4, packing=PackOptions("bfd", target="labels"), seed=1)))
+    assert b_l["input_ids"].shape == (4, 16) and torch.equal(b_l["input_ids"][:, :-1], b_y["x"])  # T = S
+    # A model that shifts compares logits[:, :-1] with labels[:, 1:]: exactly the targets y has.
+    assert torch.equal(b_l["labels"][:, 1:], b_y["y"])
+    assert torch.equal(b_l["segment_ids"][:, :-1], b_y["segment_ids"])
 
 
 def test_uses_the_pack_index_when_it_matches(dst: Path) -> None:
@@ -110,7 +112,7 @@ def test_long_examples_are_clipped_to_s_by_truncation(tmp_path: Path) -> None:
     examples = random_examples(20, seed=3, min_len=20, max_len=30)
     root = write_dst(tmp_path / "long", {"train": examples}, manifest={"seq_len": 16})
     for truncation, first in (("right", 0), ("left", None)):
-        batch = next(iter(ParquetLoader(root, batch_size=2, packing="bfd", truncation=truncation)))
+        batch = next(iter(ParquetLoader(root, batch_size=2, packing=PackOptions("bfd", truncation=truncation))))
         assert np.all(batch["segment_ids"].numpy() == 1)  # one clipped example fills each row
         starts = batch["x"][:, 0].numpy() % 1000
         assert np.all(starts == 0) if first == 0 else np.all(starts > 0)
@@ -119,15 +121,19 @@ def test_long_examples_are_clipped_to_s_by_truncation(tmp_path: Path) -> None:
 def test_unknown_strategy_names_the_choices(dst: Path) -> None:
     with pytest.raises(EtlError, match="bfd"):
         ParquetLoader(dst, batch_size=4, packing="best")
-    with pytest.raises(EtlError, match="epoch"):
+    with pytest.raises(EtlError, match="use sampler 'epoch' with packing="):
         ParquetLoader(dst, batch_size=4, packing="bfd", sampler="random")
+    with pytest.raises(EtlError, match="drop collate="):
+        ParquetLoader(dst, batch_size=4, packing="bfd", collate=PadOptions(pad_id=3))
+    with pytest.raises(EtlError, match="takes no max_docs_per_bin"):
+        PackOptions("sequential", max_docs_per_bin=2)
 
 
 def test_train_on_eos_off_masks_eos_labels(tmp_path: Path) -> None:
     examples = [([5, 6, 7, 9], [False, True, True, True]), ([5, 8, 9], [False, True, True])]
     root = write_dst(tmp_path / "eos", {"train": examples}, manifest={"eos_ids": [9]})
     on = next(iter(ParquetLoader(root, batch_size=1, packing="bfd", shuffle=False)))
-    off = next(iter(ParquetLoader(root, batch_size=1, packing="bfd", shuffle=False, train_on_eos=False)))
+    off = next(iter(ParquetLoader(root, batch_size=1, packing=PackOptions("bfd", train_on_eos=False), shuffle=False)))
     assert Counter(on["y"][on["y"] != IGNORE_INDEX].tolist())[9] == 2
     assert 9 not in off["y"].tolist()
 
@@ -162,6 +168,6 @@ def test_workers_deliver_the_same_packed_batches(dst: Path) -> None:
 
 def test_row_groups_are_read_when_the_split_does_not_fit_the_cache(dst: Path) -> None:
     cached = [b["y"].tolist() for b in ParquetLoader(dst, batch_size=4, packing="bfd", seed=2)]
-    small = ParquetLoader(dst, batch_size=4, packing="bfd", seed=2, cache_mb=0)
+    small = ParquetLoader(dst, batch_size=4, packing="bfd", seed=2, cache=CacheOptions(mb=0))
     assert [b["y"].tolist() for b in small] == cached
     assert small.dataset._whole is None and small.dataset.row_group_reads > 0

@@ -15,6 +15,7 @@ from etl.columns import INPUT_IDS, LOSS_MASK
 from etl.export.episode_loader import EpisodeDataLoader
 from etl.export.training_xml import TrainingConfig
 from etl.loader.dataloader import ParquetLoader
+from etl.loader.groups import PadOptions
 from etl.output.manifest import read_manifest
 
 S = 64
@@ -63,7 +64,7 @@ def test_exported_episodes_give_the_same_batches(run_dst: Path, tmp_path: Path) 
     assert main(["export", str(run_dst), str(tmp_path / "ep"), "--format", "episodes"]) == 0
     cfg = TrainingConfig(dataset_mode="sft_episode", epoch_shuffle=False, episode_min_tokens=0)
     episodes = EpisodeDataLoader(tmp_path / "ep", cfg, batch_size=8, block_size=S - 1)
-    parquet = ParquetLoader(run_dst, batch_size=8, shuffle=False, min_tokens=0)
+    parquet = ParquetLoader(run_dst, batch_size=8, shuffle=False, collate=PadOptions(min_tokens=0))
     for batch in parquet:
         x, y, mask = episodes.get_batch("train")
         assert torch.equal(x, batch["x"])
