@@ -1,0 +1,161 @@
+"""Packed batch -> ``model(**kw)`` keywords of a transformers causal LM, packed == unpacked.
+
+transformers keeps the documents of a packed row apart only when told how: with the default
+``use_cache=True`` (also in ``train()`` mode, transformers 5.x) a call with ``input_ids`` and
+reset ``position_ids`` attends across documents (a tiny Qwen2 on 160-token packs: logits off by
+up to 0.26, an example's summed loss by 0.18). `hf_inputs` gives each attention implementation
+the input it reads. transformers is never imported here: the model is only asked for its
+config, dtype and device.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from etl.columns import IGNORE_INDEX
+from etl.errors import EtlError, EtlWarning
+from etl.loader.attention import document_block_mask, document_sdpa_mask
+
+# Implementations that take a mask (or none, then transformers masks from position_ids) and
+# those that take the varlen keywords of flash-attn (same keywords for versions 2 and 3).
+_MASKED = ("sdpa", "eager", "flex_attention")
+_VARLEN = ("flash_attention_2", "flash_attention_3")
+_FULL = "full_attention"
+
+
+def hf_inputs(batch: Mapping[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """Keywords for ``model(**kw)`` so a packed batch trains as its examples would alone.
+
+    Gives ``input_ids``, ``labels`` (the model shifts them itself), ``position_ids`` (0 at every
+    document start), ``use_cache=False`` and the attention input of the model's
+    ``config._attn_implementation``:
+
+    - ``sdpa``: a boolean (B, 1, W, W) block-diagonal causal mask (True = attend). Dense: W^2
+      bytes a row (4 MB at W = 2048) and SDPA's math or memory-efficient kernel, never the flash
+      one; right for CPU and moderate W.
+    - ``eager``: the same mask, additive (0 or the dtype's minimum, as eager adds it to the
+      scores): 4 or 8 bytes per cell.
+    - ``flex_attention``: a `BlockMask` (`document_block_mask`): skips the blocks between
+      documents, but FlexAttention's backward needs CUDA (torch 2.13 on CPU raises
+      NotImplementedError in ``backward``; the forward works): train on CPU with ``sdpa``.
+    - ``flash_attention_2``/``_3``: ``cu_seq_lens_q/k`` and ``max_length_q/k`` over the
+      flattened B x W tokens (as ``DataCollatorWithFlattening`` gives), no mask: no padding
+      work and no mask memory; needs flash-attn on CUDA and half precision.
+
+    A model with sliding-window or chunked layers (``config.layer_types`` other than
+    ``full_attention``, or a ``sliding_window``) gets no mask under sdpa, eager or flex: an
+    explicit mask would replace its windows, so transformers builds its own masks, which
+    follow ``position_ids`` (a new document wherever a position does not follow the previous
+    one) when there is no mask and no cache.
+
+    Shapes: a ``target="labels"`` batch passes as it is (W = T). An x/y batch gets W = T + 1:
+    ``input_ids`` = x plus one column (y's last label, the token after x), ``labels`` = one
+    ignored column plus y, so the model's shift (logits[i] scored against labels[i + 1]) scores
+    logits[i] against y[i] and keeps the last label of a full row; nothing attends to the
+    extra column (causal) and its own logits are never scored. Padding is a document of its
+    own, never a label.
+
+    ``labels`` carry the loss mask (``loss_mask``), not ``loss_weight``: with weighted data,
+    score ``logits`` yourself. The model's ``loss`` is the mean over the batch's trained labels.
+
+    Args:
+        batch: a packed batch of `ParquetLoader` (``packing=...``) or `collate_packed`: x/y or
+            input_ids/labels, ``loss_mask``, ``segment_ids``, ``position_ids``; tensors or arrays.
+        model: a transformers causal LM (its ``config``, ``dtype`` and ``device`` are read;
+            tensors are moved to its device).
+
+    Returns:
+        Keywords for ``model(**kw)``.
+
+    Raises:
+        EtlError: the batch is not packed, or the implementation is not one of the above.
+    """
+    config, impl = _implementation(model)
+    device, dtype = _device_dtype(model)
+    ids, labels, seg, pos = (t.to(device, non_blocking=True) for t in _widened(batch))
+    kw: dict[str, Any] = {"input_ids": ids, "labels": labels, "position_ids": pos, "use_cache": False}
+    if impl in _VARLEN:
+        return kw | _varlen(seg)
+    if not _full_attention_only(config):
+        return kw  # transformers' own masks, made from position_ids (see above)
+    if impl == "flex_attention":
+        if model.training and device.type == "cpu":
+            warnings.warn("flex_attention on CPU: the forward works, the backward raises "
+                          "(torch 2.13); train on CUDA, or load the model with "
+                          "attn_implementation='sdpa' (same result)", EtlWarning, stacklevel=2)
+        return kw | {"attention_mask": document_block_mask(seg)}
+    mask = document_sdpa_mask(seg)
+    if impl == "eager":  # eager adds the mask to the scores: 0 or the dtype's minimum
+        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(
+            ~mask, torch.finfo(dtype).min)
+    return kw | {"attention_mask": mask}
+
+
+def _implementation(model: torch.nn.Module) -> tuple[Any, str]:
+    """The model's config and attention implementation, checked."""
+    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    if impl not in _MASKED + _VARLEN:
+        raise EtlError(
+            f"hf_inputs needs a transformers model whose config._attn_implementation is one of "
+            f"{', '.join(_MASKED + _VARLEN)}; got {impl!r}. Load it with "
+            "from_pretrained(..., attn_implementation='sdpa') (or from_config(...)), "
+            "or call model.set_attn_implementation('sdpa')"
+        )
+    return config, impl
+
+
+def _device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
+    """Where the inputs go and the dtype of the eager mask: the first parameter's."""
+    param = next(model.parameters(), None)
+    if param is None:
+        return torch.device("cpu"), torch.float32
+    return param.device, param.dtype
+
+
+def _full_attention_only(config: Any) -> bool:
+    """True when every layer attends to the whole past (no window, no chunk)."""
+    types = getattr(config, "layer_types", None) or [_FULL]
+    windowed = getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
+    return not windowed and all(t == _FULL for t in types)
+
+
+def _widened(batch: Mapping[str, Any]) -> tuple[torch.Tensor, ...]:
+    """(B, W) input_ids, labels (-100 where not trained), segment_ids, position_ids."""
+    missing = [k for k in ("segment_ids", "position_ids", "loss_mask") if k not in batch]
+    shifted = "x" in batch and "y" in batch
+    if missing or not (shifted or ("input_ids" in batch and "labels" in batch)):
+        raise EtlError(
+            f"hf_inputs needs a packed batch (x/y or input_ids/labels, loss_mask, segment_ids, "
+            f"position_ids); this one has {sorted(batch)}. Pass packing='bfd' (or ffd, "
+            "sequential, stream) to ParquetLoader, or collate with collate_packed"
+        )
+    get = {k: torch.as_tensor(batch[k]) for k in ("segment_ids", "position_ids", "loss_mask")}
+    seg, pos = get["segment_ids"].long(), get["position_ids"].long()
+    if not shifted:
+        ids, labels = torch.as_tensor(batch["input_ids"]), torch.as_tensor(batch["labels"])
+        return ids.long(), labels.long().where(get["loss_mask"].bool(), IGNORE_INDEX), seg, pos
+    x, y = torch.as_tensor(batch["x"]).long(), torch.as_tensor(batch["y"]).long()
+    y = y.where(get["loss_mask"].bool(), IGNORE_INDEX)
+    last = y[:, -1:].where(y[:, -1:] >= 0, x[:, -1:])  # an ignored label: any real id will do
+    return (
+        torch.cat([x, last], 1),
+        torch.cat([torch.full_like(y[:, :1], IGNORE_INDEX), y], 1),
+        torch.cat([seg, seg[:, -1:]], 1),  # the extra token joins the last document
+        torch.cat([pos, pos[:, -1:] + 1], 1),
+    )
+
+
+def _varlen(seg: torch.Tensor) -> dict[str, Any]:
+    """flash-attn varlen keywords: a sequence per run of equal (row, segment), padding included."""
+    start = torch.ones_like(seg, dtype=torch.bool)
+    start[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    bounds = torch.cat([start.reshape(-1).nonzero().squeeze(1),
+                        torch.tensor([seg.numel()], device=seg.device)]).to(torch.int32)
+    longest = int(bounds.diff().max())  # flash-attn takes a Python int (one sync per batch)
+    return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds,
+            "max_length_q": longest, "max_length_k": longest}
