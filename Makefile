@@ -15,7 +15,7 @@ CONFIG ?=
 ETL_FLAGS = $(if $(CONFIG),--config $(CONFIG)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)) \
 	$(if $(TEMPLATE),--template $(TEMPLATE)) $(if $(SEQ_LEN),--seq-len $(SEQ_LEN))
 
-.PHONY: venv etl test stats bench lint clean
+.PHONY: venv etl test stats bench lint docs clean
 
 venv: $(STAMP)
 
@@ -45,5 +45,9 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check etl tests bench examples
 
+# The documentation site (mkdocs.yml, docs/) -> site/; --strict fails on a broken link or anchor.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) parquet/ .pytest_cache
+	rm -rf $(VENV) parquet/ .pytest_cache site/

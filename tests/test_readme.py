@@ -1,4 +1,7 @@
-"""Every ```bash and ```python block of README.md runs as written, in document order.
+"""Every ```bash and ```python block of README.md, then of every docs page, runs as written.
+
+README.md comes first, then the pages of docs/ in the order of mkdocs.yml's `nav`, each page's
+blocks in document order.
 
 The blocks run in a copy of the repository (what git ignores left out, as in a fresh clone)
 next to a link to ../shared, so nothing is written into the checkout. `.venv` in the copy links
@@ -9,7 +12,7 @@ Make lines run with the venv's stamp held old (`make -o .venv/.installed`): the 
 written, but the venv is never rebuilt (pip would re-point the shared editable install at the
 copy). `make` targets in MAKE_SKIP are not run, for the reason given. A command that reads
 ../shared is skipped with the rest of its block (later commands use its output) when
-../shared is absent.
+../shared is absent; a python block that names ../shared is skipped whole.
 """
 
 from __future__ import annotations
@@ -42,10 +45,24 @@ def model(x, y):
 TIMEOUT_S = 120
 
 
-def readme_blocks() -> list[tuple[int, str, str]]:
-    """(line number, language, code) of every ```bash / ```python block, in order."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+NAV_PAGE = re.compile(r"^\s*-\s*(?:[^:\n]+:\s*)?([\w./-]+\.md)\s*$", re.MULTILINE)
+
+
+def documents() -> list[str]:
+    """README.md, then the docs pages as mkdocs.yml's nav lists them (read without a YAML parser)."""
+    nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:", 1)[1]
+    return ["README.md"] + [f"docs/{page}" for page in NAV_PAGE.findall(nav)]
+
+
+def blocks(document: str) -> list[tuple[int, str, str]]:
+    """(line number, language, code) of every ```bash / ```python block of one file, in order."""
+    text = (REPO / document).read_text(encoding="utf-8")
     return [(text.count("\n", 0, m.start()) + 1, m.group(1), m.group(2)) for m in BLOCK.finditer(text)]
+
+
+def readme_blocks() -> list[tuple[int, str, str]]:
+    """The blocks of README.md alone."""
+    return blocks("README.md")
 
 
 def commands(code: str) -> list[str]:
@@ -108,6 +125,12 @@ def run_python(code: str, repo: Path, env: dict[str, str]) -> subprocess.Complet
                           capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
 
 
+def test_every_docs_page_is_in_the_nav() -> None:
+    pages = documents()[1:]
+    assert len(pages) == len(set(pages)) and all((REPO / page).is_file() for page in pages), pages
+    assert sorted(pages) == sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))
+
+
 def test_readme_blocks_are_found() -> None:
     kinds = [kind for _, kind, _ in readme_blocks()]
     assert "bash" in kinds and "python" in kinds
@@ -122,14 +145,19 @@ def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
     # The copy's etl is imported (not the editable install's path), and no outside setting leaks in.
     env = {**os.environ, "PYTHONPATH": str(repo), "NO_COLOR": "1"}
     env.pop("VIRTUAL_ENV", None)
-    for line, kind, code in readme_blocks():
-        if kind == "bash":
-            proc, skipped = run_bash(code, repo, env)
-            for command in skipped:  # shown with the output of a failing or -rP run
-                print(f"README.md line {line}: skipped {command}")
-        else:
-            proc = run_python(code, repo, env)
-        assert proc.returncode == 0, (
-            f"README.md line {line} ({kind} block) failed with exit status {proc.returncode}:\n"
-            f"{code}\n--- stderr ---\n{proc.stderr[-3000:]}\n--- stdout ---\n{proc.stdout[-2000:]}"
-        )
+    for document in documents():
+        for line, kind, code in blocks(document):
+            where = f"{document} line {line}"
+            if kind == "bash":
+                proc, skipped = run_bash(code, repo, env)
+                for command in skipped:  # shown with the output of a failing or -rP run
+                    print(f"{where}: skipped {command}")
+            elif "../shared" in code and not SHARED.is_dir():
+                print(f"{where}: skipped the python block (needs ../shared)")
+                continue
+            else:
+                proc = run_python(code, repo, env)
+            assert proc.returncode == 0, (
+                f"{where} ({kind} block) failed with exit status {proc.returncode}:\n"
+                f"{code}\n--- stderr ---\n{proc.stderr[-3000:]}\n--- stdout ---\n{proc.stdout[-2000:]}"
+            )

@@ -1,4 +1,4 @@
-"""One declaration per setting: the JSON Schema, the README table, the flags and the checks agree."""
+"""One declaration per setting: the JSON Schema, the docs table (docs/config.md), the flags and the checks agree."""
 
 from __future__ import annotations
 
@@ -78,10 +78,10 @@ def test_schema_key_is_accepted(validator: jsonschema.Draft202012Validator) -> N
     assert config_from_dict(doc)["seq_len"] == 64
 
 
-def test_readme_holds_the_generated_table() -> None:
+def test_docs_hold_the_generated_table() -> None:
     table = markdown_table()
-    assert table in (ROOT / "README.md").read_text(encoding="utf-8"), (
-        "README's config table is stale: paste the output of `etl config` into README.md 'Config files'")
+    assert table in (ROOT / "docs" / "config.md").read_text(encoding="utf-8"), (
+        "docs/config.md's key table is stale: paste the output of `etl config` into it")
 
 
 def test_config_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
