@@ -137,7 +137,7 @@ CUT = "cut"  # start of the kept window in the conversation
 WINDOW = "window"  # length of the kept window (<= seq_len)
 TOTAL = "total"  # conversation length after whole-turn dropping, before the hard cut
 
-# Pack index columns (contract, README: Packing): one row per pack, one list item per piece (a token
+# Pack index columns (contract, docs/packing.md): one row per pack, one list item per piece (a token
 # range of one example), plus NUM_TOKENS of the pack.
 PACK_ID = "pack_id"
 PIECE_IDS = "ids"  # example id of each piece

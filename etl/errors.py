@@ -7,7 +7,7 @@ a bug, not as a usage error.
 
 from __future__ import annotations
 
-# Exit statuses (README "Exit status"): 0 done; 1 a bug in etl; 2 a usage or input error, nothing
+# Exit statuses (docs/outputs.md "Exit status"): 0 done; 1 a bug in etl; 2 a usage or input error, nothing
 # (more) written; 3 done, but some input could not be read (listed in the manifest and on stderr);
 # 4 `etl run` read records and wrote none (all rejected or dropped; outranks 3); 130 interrupted
 # (Ctrl-C, as a shell reports SIGINT: 128 + 2).

@@ -129,7 +129,7 @@ def _incomplete(manifest: dict[str, Any], *, empty: bool) -> tuple[int, list[str
 
 
 def _lost(item: dict[str, Any]) -> str:
-    """What became of an input not read to its end (README "Every input is counted")."""
+    """What became of an input not read to its end (docs/outputs.md "Every input is counted")."""
     n = item["records_read"]
     if item["reason"] == "unreadable_dir":
         return "folder could not be listed"

@@ -192,7 +192,7 @@ def _execute(con: Any, name: str, sql: str, values: dict[str, Any]) -> pa.Table:
         first = str(exc).strip().splitlines()[0]
         raise EtlError(
             f"query {name!r} failed: {first}; check that DST was written by `etl run` "
-            "(layout in README, section Output)"
+            "(layout: docs/outputs.md)"
         ) from exc
 
 

@@ -1,4 +1,4 @@
-"""`etl cache info|clear`: the token cache's size, hit rates and emptying (README "Token cache")."""
+"""`etl cache info|clear`: the token cache's size, hit rates and emptying (docs/token-cache.md)."""
 
 from __future__ import annotations
 

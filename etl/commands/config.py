@@ -12,7 +12,7 @@ DESCRIPTION = """\
 Print every key an `etl run --config` file may hold (the declarative pipeline schema plus etl's
 sections): its type or allowed values, default, overriding flag and meaning. With --schema,
 print the file's JSON Schema (draft 2020-12) instead, for editors to complete and check config
-files: save it and point a JSON file's "$schema" key at it (README "Config files").
+files: save it and point a JSON file's "$schema" key at it (docs/config.md).
 
 examples:
   etl config

@@ -21,7 +21,7 @@ read to its end (a warning names it and what was kept); 4 input was read and not
 written (every record rejected or dropped; this outranks 3).
 
 With `sources` in the config file (a mixture of several inputs, each with its own options,
-mixed by weight), SRC is left out: etl run --config mix.toml DST (README "Mixtures").
+mixed by weight), SRC is left out: etl run --config mix.toml DST (docs/mixtures.md).
 
 Defaults follow the tokenizer: --template auto is hf (the tokenizer's own chat_template, so the
 ids equal transformers' apply_chat_template) for a tokenizer with a chat_template, and ngpt for
@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "default: the template's own)")
     p.add_argument("--engine", choices=["local", "ray"], default="local",
                    help="execution engine: local (default) or ray (a Ray cluster, `pip install etl[ray]`; "
-                   "same rows, README 'Running on Ray')")
+                   "same rows, docs/ray.md)")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="with --engine ray: the cluster to join (default $RAY_ADDRESS, else a local one)")
     p.add_argument("--ray-timeout", type=float, metavar="SECONDS",
@@ -71,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _add_cache_flags(p: argparse.ArgumentParser) -> None:
-    """The token cache's flags (README "Token cache")."""
+    """The token cache's flags (docs/token-cache.md)."""
     p.add_argument("--cache", metavar="DIR", help="token cache folder: content ids and parsed input chunks kept "
                    "across runs, so a rerun with other options neither tokenizes nor parses again (default "
                    "$ETL_CACHE_DIR, else ~/.cache/etl/tokens)")

@@ -103,7 +103,7 @@ def optional(annotation: Any) -> tuple[Any, bool]:
 
 
 def declared_type(info: FieldInfo) -> Any:
-    """A setting's type as errors and the README name it: a null that means "not given" is not shown."""
+    """A setting's type as errors and the key table name it: a null that means "not given" is not shown."""
     return optional(info.annotation)[0] if getattr(key_of(info), "null_is_default", False) else info.annotation
 
 

@@ -1,7 +1,7 @@
 """The config file, declared once: one frozen, strict pydantic model per section.
 
 Each key's type, default, doc, bounds and flag are declared here; the run's config
-(etl.config.run_config), the flags, the JSON Schema and the README table derive from them.
+(etl.config.run_config), the flags, the JSON Schema and the docs/config.md table derive from them.
 `input`'s options are its input type's builder's (etl.config.schema adds them).
 """
 
@@ -158,7 +158,7 @@ class ConfigFile(Section):
                                      "none; null: none; not given: the template's own (presets: this default; "
                                      "hf: the one its chat_template writes, or none)")
     sources: list[SourceKeys] | None = Field(None, description="a mixture: one table per source, each with "
-                                             "its path and its own options (README \"Mixtures\")")
+                                             "its path and its own options (docs/mixtures.md)")
     seed: int = key(0, "seed of a mixture's draws (which records are kept or repeated)")
     mix_by: MixBy = key("tokens", "unit of a mixture's shares: tokens or examples")
     mix_total: MixTotal = key("sum", "a weighted mixture's size: the sources' sum (Mosaic's default), the "

@@ -1,4 +1,4 @@
-"""The config file's checking model, its JSON Schema (`etl config --schema`) and the README's key
+"""The config file's checking model, its JSON Schema (`etl config --schema`) and the key
 table (`etl config`), from the file's declaration (etl.config.file).
 
 The model is the declaration with `input` one model per input type (its options the builder's
@@ -162,7 +162,7 @@ def _setting_row(name: str, info: Any, type_text: str = "") -> str:
 
 
 def markdown_table() -> str:
-    """The file's keys as a Markdown table (README "Config files"), one line per key in the
+    """The file's keys as a Markdown table (docs/config.md), one line per key in the
     declaration's order; `input.*` rows list each type's options."""
     types = sorted(BUILDERS)
     lines = [_row("key", "type or values", "default", "flag", "meaning"), "|---|---|---|---|---|"]

@@ -61,7 +61,7 @@ class ParquetLoader:
         rank: default from torch.distributed when initialized, else 0; world_size likewise 1.
         packing: ``bfd``, ``ffd``, ``sequential``, ``stream`` or `PackOptions` (packer knobs,
             ``target``, boundary and EOS rules, row options): batches of B packed rows of at
-            most S tokens (README "Packing"); `etl pack`'s index is used when it matches
+            most S tokens (docs/packing.md); `etl pack`'s index is used when it matches
             strategy, S and packer options, else each epoch is packed online with ``seed +
             epoch``. Batches add ``segment_ids``, ``position_ids``, ``cu_seqlens``,
             ``max_seqlen`` and ``segment_trained``.
@@ -72,10 +72,10 @@ class ParquetLoader:
             packing) or `SamplerOptions` (``shuffle_window``, ``num_batches``).
         balance: deal every step's B x world_size rows (or packs) to ranks so each rank gets B
             of them and nearly the same real tokens: True (``swap``), a dealer name or
-            `TokenBalance` (``window``: steps regrouped first, default 8; README "Token-balanced
+            `TokenBalance` (``window``: steps regrouped first, default 8; docs/training.md "Token-balanced
             ranks"). Off by default: rank r takes every W-th row.
         domains: `DomainWeights` or a dict ``{domain: weight}``: each epoch still has
-            len(dataset) examples, domain d's share w_d / sum(w) exactly up to rounding (README
+            len(dataset) examples, domain d's share w_d / sum(w) exactly up to rounding (docs/training.md
             "Domain weights"); with packing, packed online (the index holds every row once).
         cache: `CacheOptions`: decoded row groups kept per worker (``row_groups``, ``mb``).
         **deprecated: the keywords of earlier releases (``pad_multiple``, ``pack_options``,

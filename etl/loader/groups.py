@@ -113,7 +113,7 @@ class PackOptions(_RowOptions):
     """Packed batches: B rows of whole examples (or pieces) back to back, at most S tokens each.
 
     Pass it as ``packing=`` (``packing="bfd"`` is ``PackOptions("bfd")``). Trade-off: ~no
-    padding, but the model must read ``segment_ids`` / ``position_ids`` (README "Packing").
+    padding, but the model must read ``segment_ids`` / ``position_ids`` (docs/packing.md).
 
     Attributes:
         strategy: a key of `etl.packing.registry.PACKERS`: ``bfd``, ``ffd``, ``sequential``, ``stream``.
@@ -210,7 +210,7 @@ class DomainWeights(_Group):
     """``{domain: weight}``: each epoch keeps len(dataset) examples, domain d's share w_d / sum(w).
 
     Rows of a domain are repeated or a seeded subset, new every epoch; domains not named are
-    left out (README "Domain weights", `etl.loader.domain_mix`). ``domains={...}`` is short for it.
+    left out (docs/training.md "Domain weights", `etl.loader.domain_mix`). ``domains={...}`` is short for it.
 
     Attributes:
         weights: finite numbers >= 0 with a positive sum (stored sorted by domain).

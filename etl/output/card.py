@@ -20,7 +20,7 @@ from etl.output.writer import OutputWriter
 
 # Config name -> folder of parts. `default` is what `load_dataset(DST)` returns.
 CONFIGS = {"default": c.DATA_DIR, "turns": c.TURNS_DIR}
-GUIDE = "README section 'Training with TRL and HF datasets'"
+GUIDE = "etl's docs, docs/training.md 'Training with TRL and HF datasets'"
 
 
 def _split_files(files: list[dict[str, Any]], folder: str) -> dict[str, list[str]]:

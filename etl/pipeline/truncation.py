@@ -1,4 +1,4 @@
-"""Truncation planning (README: Semantics): which whole turns stay, and each conversation's window.
+"""Truncation planning (docs/outputs.md "Semantics"): which whole turns stay, and each conversation's window.
 
 Input: one row per turn, sorted by `CONV` and `TURN_INDEX`, with `ROLE` and the piece lengths
 (`HEADER_LEN`, `CONTENT_LEN`, `END_LEN`, `SEP_LEN`, `TURN_LEN`), as `etl.pipeline.stages` builds
