@@ -125,20 +125,8 @@ class ParquetLoader:
                   "balance": self.options.balance, "domains": dataset_domain_mix(self.dataset, weights)}
         row_options = {"seq_len": self.seq_len, "pad_id": self.pad_id, "use_loss_mask": rows.use_loss_mask,
                        "mask_dtype": np.float32 if rows.mask_dtype == "float32" else np.bool_}
-        if pack is None:
-            self.sampler = self._make_sampler(window=window, num_workers=num_workers, **common)
-            assert isinstance(rows, PadOptions)
-            self.collate_fn = TorchCollate(rows.strategy, {
-                **row_options, "pad_multiple": rows.multiple, "truncation": rows.truncation})
-        else:
-            self.sampler = make_pack_sampler(
-                self.dataset, strategy=pack.strategy, seq_len=self.seq_len, options=pack.packer_options,
-                blocks=self.dataset.row_groups if window and shuffle else 0, mix=max(window, 1),
-                truncation=pack.truncation, rank=self.rank, world_size=self.world_size, **common,
-            )
-            self.collate_fn = TorchCollate("packed", {
-                **row_options, "target": pack.target, "mask_boundary_loss": pack.mask_boundary_loss,
-                "train_on_eos": pack.train_on_eos, "eos_id": resolve_eos_id(pack.eos_id, manifest)})
+        self.sampler, self.collate_fn = self._sampler_and_collate(
+            window=window, num_workers=num_workers, common=common, row_options=row_options)
         self.num_workers = num_workers
         self.dataloader = DataLoader(
             self.dataset, batch_sampler=self.sampler, collate_fn=self.collate_fn,
@@ -148,6 +136,23 @@ class ParquetLoader:
         # `_resume`: the next iter() continues (epoch, position) (set by load_state_dict);
         # `_live`: the newest iterator has not finished; `_iterators`: how many were made.
         self._resume, self._live, self._iterators = False, False, 0
+
+    def _sampler_and_collate(self, *, window: int, num_workers: int, common: dict[str, Any],
+                             row_options: dict[str, Any]) -> tuple[Any, TorchCollate]:
+        """The batch sampler and collate function of the chosen mode: padded rows or packs."""
+        rows, pack = self.options.rows, self.options.packing
+        if pack is None:
+            assert isinstance(rows, PadOptions)
+            return self._make_sampler(window=window, num_workers=num_workers, **common), TorchCollate(
+                rows.strategy, {**row_options, "pad_multiple": rows.multiple, "truncation": rows.truncation})
+        sampler = make_pack_sampler(
+            self.dataset, strategy=pack.strategy, seq_len=self.seq_len, options=pack.packer_options,
+            blocks=self.dataset.row_groups if window and common["shuffle"] else 0, mix=max(window, 1),
+            truncation=pack.truncation, rank=self.rank, world_size=self.world_size, **common,
+        )
+        return sampler, TorchCollate("packed", {
+            **row_options, "target": pack.target, "mask_boundary_loss": pack.mask_boundary_loss,
+            "train_on_eos": pack.train_on_eos, "eos_id": resolve_eos_id(pack.eos_id, self.dataset.manifest)})
 
     def _make_sampler(
         self,
