@@ -187,10 +187,12 @@ class Encoder:
         self.guard.attempt(root, lambda: fo.log_run(root, entry))
 
     def summary(self) -> dict[str, Any] | None:
-        """The manifest's `token_cache`: where ids came from (None for a tokenizer without a cache key)."""
+        """The manifest's `token_cache`: where ids came from (None for a tokenizer without a cache key),
+        with the backend that tokenized the texts not read from the cache (None: it tokenized none)."""
         if self.key is None:
             return None
-        return {"dir": str(self.root) if self.root else None, **self._sync().to_json()}
+        return {"dir": str(self.root) if self.root else None, **self._sync().to_json(),
+                "backend": getattr(self.tokenizer, "backend_used", None)}
 
     def saving(self) -> dict[str, float]:
         """`--timings`' estimate of the seconds the cache saved: its tokens at this run's tokenizer

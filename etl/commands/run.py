@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(only the files its manifest lists are replaced)")
     p.add_argument("--config", help="JSON or TOML config file (keys: `etl config`); "
                    "flags override it")
-    add_flags(p, ("tokenizer", "template", "seq_len", "input_type", "truncation"))
+    add_flags(p, ("tokenizer", "tokenizer_backend", "template", "seq_len", "input_type", "truncation"))
     p.add_argument("--no-default-system", action="store_true",
                    help="do not insert a system message when missing (default_system: null in a config; "
                    "default: the template's own)")

@@ -36,6 +36,7 @@ MaskKey = Literal[Role, FieldRole]
 MaskAction = Literal["mask", "train"]
 MixBy = Literal["tokens", "examples"]
 MixTotal = Literal["sum", "first_exhausted", "all_exhausted"]
+TokenizerBackend = Literal["auto", "hf", "gigatoken"]
 TURN_POLICIES: tuple[str, ...] = get_args(TurnPolicy)
 CANONICAL_ROLES: tuple[str, ...] = get_args(Role)
 FIELD_ROLES = dict(zip(get_args(FieldRole), ("user", "assistant"), strict=True))
@@ -148,6 +149,11 @@ class ConfigFile(Section):
                                flag="--template", null_is_default=True)
     tokenizer: str | None = key("bytes", "`bytes` (built-in), a tokenizer.json, or a Hugging Face model "
                                 "directory", flag="--tokenizer", null_is_default=True)
+    tokenizer_backend: TokenizerBackend = key(
+        "auto", "what encodes content for a Hugging Face tokenizer: hf (the `tokenizers` library), gigatoken "
+        "(a faster encoder of the same byte-level or SentencePiece BPE files), or auto (gigatoken when it loads "
+        "the tokenizer and gives tokenizers' ids on a sample of the run's first texts, else hf); the ids are "
+        "the same, the manifest records the one used", flag="--tokenizer-backend")
     seq_len: int | None = key(DEFAULT_SEQ_LEN, "S, the longest input_ids an example keeps", flag="--seq-len",
                               null_is_default=True, **SEQ_LEN)
     truncation: Annotated[Truncation, BeforeValidator(_policy, json_schema_input_type=TurnPolicy | Truncation)] \

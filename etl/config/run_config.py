@@ -12,7 +12,16 @@ from typing import Any
 from pydantic import Field
 
 from etl.config.declare import Section, Settings, key, setting
-from etl.config.file import ConfigFile, DedupMode, Eot, MixBy, MixTotal, ReasoningTurns, TurnPolicy
+from etl.config.file import (
+    ConfigFile,
+    DedupMode,
+    Eot,
+    MixBy,
+    MixTotal,
+    ReasoningTurns,
+    TokenizerBackend,
+    TurnPolicy,
+)
 
 # 16 MiB of JSON per chunk (~3M Qwen tokens): T0 with Qwen2.5 peaks at ~0.9 GB RSS and runs
 # as fast as with 32 MiB (1.15 GB); 8 MiB saves another 0.2 GB for ~1% of speed.
@@ -75,6 +84,7 @@ class RunConfig(Settings):
 
     tokenizer: str = at("tokenizer")
     template: str = at("template")
+    tokenizer_backend: TokenizerBackend = at("tokenizer_backend")
     seq_len: int = at("seq_len")
     input_type: str = at("input.type")
     input_options: dict[str, Any] = Field(default_factory=dict)  # input.*: the builder's keyword arguments
@@ -113,8 +123,10 @@ class RunConfig(Settings):
         return self.replace(**changes)
 
     def to_json(self) -> dict[str, Any]:
-        """The manifest's `config` (and part of the run's identity): its keys as they have always been."""
-        body = self.model_dump(exclude={"chunk_bytes", "max_record_bytes", "mixture"})
+        """The manifest's `config` (and part of the run's identity): its keys as they have always been.
+        `tokenizer_backend` changes no id (the run checks it), so it is left out: the manifest's
+        `tokenizer.backend` says which encoded the run."""
+        body = self.model_dump(exclude={"chunk_bytes", "max_record_bytes", "mixture", "tokenizer_backend"})
         body |= {"domain_key": self.domain_key, "chunk_bytes": self.chunk_bytes,
                  "max_record_bytes": self.max_record_bytes}
         return body if self.mixture is None else {**body, "mixture": self.mixture.to_json()}

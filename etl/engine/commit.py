@@ -16,10 +16,11 @@ from typing import Any
 
 from etl.cache.encoder import EncodeStats
 from etl.engine.chunks import CHUNK, FILE
-from etl.engine.worker import CACHE, COUNTS, PARTS, TIMINGS
+from etl.engine.worker import BACKEND, CACHE, COUNTS, PARTS, TIMINGS
 from etl.output.part_writer import PartWriter
 from etl.pipeline.accounting import Counts
 from etl.safe_paths import check_no_symlink
+from etl.tokens.gigatoken_encoder import HF
 
 
 def merge_counts(results: list[dict[str, Any]]) -> Counts:
@@ -44,6 +45,13 @@ def merge_cache_stats(results: list[dict[str, Any]]) -> EncodeStats:
     for result in results:
         total.add(EncodeStats(**json.loads(result[CACHE])))
     return total
+
+
+def merge_backends(results: list[dict[str, Any]]) -> str | None:
+    """The tokenizer backend the workers encoded with (`hf` if any worker fell back to it; None
+    when no worker tokenized a text)."""
+    used = {result[BACKEND] for result in results} - {None}
+    return HF if HF in used else (used.pop() if used else None)
 
 
 def commit_parts(parts: PartWriter, staging: Path, results: list[dict[str, Any]]) -> None:

@@ -155,7 +155,13 @@ class RayEngine:
         import ray
 
         # polars/duckdb: only once the Ray engine runs
-        from etl.engine.commit import commit_parts, merge_cache_stats, merge_counts, merge_timings
+        from etl.engine.commit import (
+            commit_parts,
+            merge_backends,
+            merge_cache_stats,
+            merge_counts,
+            merge_timings,
+        )
 
         # `etl run` runs a mixture on the local engine: its staged first pass is the driver's
         assert len(files) == 1 and not isinstance(parts, StagedParts) and parts.output is not None
@@ -167,6 +173,8 @@ class RayEngine:
             raise worker_error(exc) from exc
         commit_parts(parts, staging, results)
         res.encoder.stats.add(merge_cache_stats(results))  # the workers' cache counts, logged by close
+        if hasattr(res.tokenizer, "backend_used"):  # the manifest's token_cache.backend: the workers' one
+            res.tokenizer.backend_used = merge_backends(results)
         self.timings.update(merge_timings(results))  # worker seconds per stage
         return [merge_counts(results)]
 

@@ -30,9 +30,10 @@ from etl.pipeline.chunk import RunState, process_chunk, reject_file
 from etl.pipeline.resources import build_resources
 from etl.pipeline.startup import tune_malloc
 
-COUNTS, PARTS, TIMINGS, CACHE = "counts", "parts", "timings", "token_cache"
+COUNTS, PARTS, TIMINGS, CACHE, BACKEND = "counts", "parts", "timings", "token_cache", "backend"
 RESULT_SCHEMA = pa.schema([(FILE, pa.int32()), (CHUNK, pa.int32()), (COUNTS, pa.string()),
-                           (PARTS, pa.string()), (TIMINGS, pa.string()), (CACHE, pa.string())])
+                           (PARTS, pa.string()), (TIMINGS, pa.string()), (CACHE, pa.string()),
+                           (BACKEND, pa.string())])
 _CON: list[duckdb.DuckDBPyConnection] = []  # one connection per worker process, made on first use
 
 
@@ -105,7 +106,9 @@ class ChunkProcessor:
         cached.add(before, -1)
         return {FILE: row.file, CHUNK: row.chunk, COUNTS: json.dumps(state.counts.to_json(incomplete=True)),
                 PARTS: json.dumps(parts.entries), TIMINGS: json.dumps(state.timings),
-                CACHE: json.dumps(dataclasses.asdict(cached))}
+                CACHE: json.dumps(dataclasses.asdict(cached)),
+                # what encoded this worker's texts: each worker checks its backend as a local run does
+                BACKEND: getattr(self.res.tokenizer, "backend_used", None)}
 
 
 __all__ = ["ChunkProcessor", "EarlierKeys", "parse_batch", "to_ipc"]

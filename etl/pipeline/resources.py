@@ -109,9 +109,11 @@ def build_resources(
     # With a cache, tokenizer.json is parsed only when a question or a text is not cached.
     lazy = cache is not None and cache.root is not None
     if template is None:
-        template, tokenizer = load_template_and_tokenizer(config.template, tokenizer_spec=config.tokenizer, lazy=lazy)
+        template, tokenizer = load_template_and_tokenizer(config.template, tokenizer_spec=config.tokenizer, lazy=lazy,
+                                                          backend=config.tokenizer_backend)
     else:
-        tokenizer = load_tokenizer(config.tokenizer, special_tokens=template.special_tokens, lazy=lazy)
+        tokenizer = load_tokenizer(config.tokenizer, special_tokens=template.special_tokens, lazy=lazy,
+                                   backend=config.tokenizer_backend)
     config = resolved_config(config, template)
     encoder = Encoder(tokenizer, cache)  # first: it hands the tokenizer the answers it remembers
     tokenizer.vocab_size  # noqa: B018 - the manifest's, asked now: the answers the cache keeps at close hold it
@@ -198,6 +200,7 @@ def manifest_for(res: Resources, sources: list[Source], counts: Counts, *, run_i
         c.RUN_ID: run_id,
         "counts": counts.to_json(),
         "incomplete_inputs": counts.incomplete,
-        # Where the run's ids came from: the one entry that differs between a run and its rerun.
+        # Where the run's ids came from (the cache, or the tokenizer backend that encoded the rest:
+        # the same ids either way): the one entry that differs between a run and its rerun.
         **({"token_cache": cached} if (cached := res.encoder.summary()) is not None else {}),
     }

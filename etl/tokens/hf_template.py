@@ -197,7 +197,7 @@ def resolve_template_name(name: str, tokenizer: TextTokenizer) -> Template:
 
 
 def load_template_and_tokenizer(
-    name: str, *, tokenizer_spec: str, lazy: bool = False
+    name: str, *, tokenizer_spec: str, lazy: bool = False, backend: str = "auto"
 ) -> tuple[Template, TextTokenizer]:
     """Tokenizer first for `hf` (the template comes from it), template first for presets; `auto`
     is `ngpt` without a chat_template (decided from tokenizer_config.json alone), else decided
@@ -209,7 +209,8 @@ def load_template_and_tokenizer(
     if name == AUTO_TEMPLATE and not has_chat_template(tokenizer_spec):
         name = NGPT
     if name in (HF, AUTO_TEMPLATE):  # auto with a chat_template: hf unless the vocabulary has ngpt's markers
-        tokenizer = load_tokenizer(tokenizer_spec, lazy=lazy)
+        tokenizer = load_tokenizer(tokenizer_spec, lazy=lazy, backend=backend)
         return resolve_template_name(name, tokenizer), tokenizer
     template = preset(name)
-    return template, load_tokenizer(tokenizer_spec, special_tokens=template.special_tokens, lazy=lazy)
+    return template, load_tokenizer(tokenizer_spec, special_tokens=template.special_tokens, lazy=lazy,
+                                    backend=backend)

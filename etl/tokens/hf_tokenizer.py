@@ -10,6 +10,7 @@ import json
 import operator
 import os
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,7 +19,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from etl.errors import EtlError
+from etl.errors import EtlError, EtlWarning
+from etl.tokens import gigatoken_encoder as fast
 from etl.tokens.cutting import cut_points, cuttable
 from etl.tokens.tokenizer import IDS_TIMING, as_large_string, offsets_to_list_array
 
@@ -65,9 +67,15 @@ class HFTokenizer:
     small questions a run asks (special ids, template pieces' ids, vocabulary size) are kept in
     `answers`, which the token cache saves per tokenizer file (`remember`): a rerun whose every
     answer and every text is cached never parses it.
+
+    `backend`: what encodes content (`encode_texts`): `hf` (`tokenizers`), `gigatoken`, or `auto`
+    (gigatoken where it loads this tokenizer). Before gigatoken encodes a run's texts, its ids are
+    compared with `tokenizers`' on `VERIFY_TEXTS` of the first ones: `auto` goes back to
+    `tokenizers` on any difference (one warning), `gigatoken` stops with an error.
+    `backend_used` says which encoded the last texts (None: none encoded yet).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, lazy: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, lazy: bool = False, backend: str = fast.AUTO) -> None:
         p = Path(path)
         file = p / "tokenizer.json" if p.is_dir() else p
         if not file.is_file():
@@ -84,6 +92,9 @@ class HFTokenizer:
         self.config: dict[str, Any] = json.loads(config.read_text("utf-8")) if config.is_file() else {}
         self.answers: dict[str, Any] = {}
         self.new_answers = False  # answers computed by this process, not remembered
+        self.backend = backend
+        self.backend_used: str | None = None
+        self._checked = 0  # texts both encoders have seen (`_verify`)
         if not lazy:
             self._tok  # noqa: B018 - parse now: a broken file fails here, not at the first question
 
@@ -100,7 +111,8 @@ class HFTokenizer:
                 f"tokenizer {self.name}: {Path(self.path).name} is not a Hugging Face tokenizers file ({exc}); "
                 "pass a tokenizer.json or the model directory that holds one"
             ) from exc
-        self._raw = None
+        if self.backend == fast.HF or "_fast" in self.__dict__:
+            self._raw = None  # else kept for `_fast`, which reads it without added tokens
         # Content is data, never control: special-token strings in content encode as text.
         tok.encode_special_tokens = True
         # So do the non-special added tokens (Qwen's <tool_call>, <think>, <tool_response>):
@@ -159,7 +171,7 @@ class HFTokenizer:
         edges = np.sort(np.concatenate((bounds, cut)), kind="stable")
         pieces = pa.LargeStringArray.from_buffers(len(edges) - 1, pa.py_buffer(edges), data)
         per_text = 1 + np.bincount(np.searchsorted(bounds, cut, side="right") - 1, minlength=len(arr))
-        flat, piece_len, ids_seconds = self._encode_pieces(pieces, edges)
+        flat, piece_len, ids_seconds = self._ids_of(pieces)
         if timings is not None:
             timings[IDS_TIMING] += ids_seconds
         text_len = np.add.reduceat(piece_len, np.cumsum(per_text) - per_text) if len(arr) else piece_len
@@ -167,10 +179,66 @@ class HFTokenizer:
         np.cumsum(text_len, out=offsets[1:])
         return offsets_to_list_array(flat, offsets)
 
-    def _encode_pieces(self, pieces: pa.LargeStringArray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-        """(flat int32 ids, ids per piece, seconds copying ids): batched calls of at most
-        ENCODE_CHUNK pieces and about ENCODE_BYTES of text; the tokenizer's batched call is the
-        one per-text step the pipeline has (content is tokenized per turn in one batched call)."""
+    @functools.cached_property
+    def _fast(self) -> Any:
+        """The gigatoken tokenizer content goes to, or None: `tokenizers` (`hf`, or `auto` where
+        gigatoken is missing or cannot read this tokenizer)."""
+        if self.backend == fast.HF:
+            return None
+        assert self._raw is not None
+        raw = self._raw
+        if "_tok" in self.__dict__:
+            self._raw = None
+        try:
+            return fast.load(raw, self.name)
+        except EtlError:
+            if self.backend == fast.GIGATOKEN:
+                raise
+            return None
+
+    def _ids_of(self, pieces: pa.LargeStringArray) -> tuple[np.ndarray, np.ndarray, float]:
+        """(flat int32 ids, ids per piece, seconds copying `tokenizers`' ids) from the run's backend."""
+        if self._fast is not None and self._checked < fast.VERIFY_TEXTS:
+            self._verify(pieces)
+        if self._fast is None:
+            self.backend_used = fast.HF
+            return self._encode_pieces(pieces)
+        self.backend_used = fast.GIGATOKEN
+        return self._routed(pieces)
+
+    def _routed(self, pieces: pa.LargeStringArray) -> tuple[np.ndarray, np.ndarray, float]:
+        """gigatoken's ids, but `tokenizers`' for the texts whose characters the two libraries may
+        read differently (`fast.needs_reference`); the seconds are `_encode_pieces`'."""
+        odd = fast.needs_reference(pieces)
+        if not len(odd):
+            return (*fast.encode(self._fast, pieces), 0.0)
+        rest = np.setdiff1d(np.arange(len(pieces)), odd)
+        flat, lengths, seconds = self._encode_pieces(pieces.take(odd))
+        merged = fast.merge(len(pieces), [(odd, (flat, lengths)), (rest, fast.encode(self._fast, pieces.take(rest)))])
+        return (*merged, seconds)
+
+    def _verify(self, pieces: pa.LargeStringArray) -> None:
+        """Compare gigatoken with `tokenizers` on texts spread over `pieces`, until VERIFY_TEXTS
+        texts of the run are compared; on a difference, `auto` drops gigatoken for the run."""
+        some = pieces.take(fast.sample(len(pieces), fast.VERIFY_TEXTS - self._checked))
+        self._checked += len(some)
+        differs = fast.first_difference(self._encode_pieces(some)[:2], self._routed(some)[:2])
+        if differs is None:
+            return
+        text = some[differs].as_py()
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        if self.backend == fast.GIGATOKEN:
+            raise EtlError(f"tokenizer backend gigatoken gives other ids than tokenizers for {shown!r} with "
+                           f"tokenizer {self.name}; pass --tokenizer-backend hf (or auto, which falls back)")
+        warnings.warn(f"tokenizer backend: gigatoken gives other ids than tokenizers for {shown!r}; this run "
+                      "encodes with tokenizers (hf)", EtlWarning, stacklevel=2)
+        self.__dict__["_fast"] = None
+
+    def _encode_pieces(self, pieces: pa.LargeStringArray) -> tuple[np.ndarray, np.ndarray, float]:
+        """(flat int32 ids, ids per piece, seconds copying ids) from `tokenizers`: batched calls of
+        at most ENCODE_CHUNK pieces and about ENCODE_BYTES of text; the tokenizer's batched call
+        is the one per-text step the pipeline has (content is tokenized per turn in one batched call)."""
+        edges = np.frombuffer(pieces.buffers()[1], dtype=np.int64)[pieces.offset : pieces.offset + len(pieces) + 1]
         flats, lengths = [np.zeros(0, np.int32)], [np.zeros(0, np.int64)]
         start, ids_seconds = 0, 0.0
         while start < len(pieces):

@@ -14,10 +14,12 @@ from etl.tokens.tokenizer import BYTES, ByteTokenizer, TextTokenizer
 
 
 def load_tokenizer(
-    spec: str | os.PathLike[str], *, special_tokens: Sequence[str] = (), lazy: bool = False
+    spec: str | os.PathLike[str], *, special_tokens: Sequence[str] = (), lazy: bool = False,
+    backend: str = "auto",
 ) -> TextTokenizer:
     """Load `bytes` (built-in; registers `special_tokens` from id 256) or a tokenizer path
-    (`lazy`: its tokenizer.json parsed at the first question its answers do not hold, `HFTokenizer`).
+    (`lazy`: its tokenizer.json parsed at the first question its answers do not hold; `backend`:
+    what encodes its content, `HFTokenizer`).
 
     Special tokens are never added to a real tokenizer's vocabulary: templates check that theirs
     exist and fail with the missing name otherwise.
@@ -26,7 +28,7 @@ def load_tokenizer(
         return ByteTokenizer(special_tokens)
     if not Path(spec).exists():
         raise EtlError(f"tokenizer {spec} does not exist; pass `bytes`, a tokenizer.json or a model directory")
-    return HFTokenizer(spec, lazy=lazy)
+    return HFTokenizer(spec, lazy=lazy, backend=backend)
 
 
 def has_chat_template(spec: str | os.PathLike[str] | None) -> bool:
