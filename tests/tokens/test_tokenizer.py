@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from etl.tokens.hf_tokenizer import HFTokenizer, flatten_ids, join_utf8_pieces
+from etl.tokens.hf_tokenizer import HFTokenizer, flatten_ids
+from etl.tokens.token_display import join_utf8_pieces
 from etl.tokens.tokenizer import IDS_TIMING
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
