@@ -10,7 +10,6 @@ than the piece size (`PIECE_BYTES`) that etl cuts before encoding.
 from __future__ import annotations
 
 import functools
-import json
 import sys
 import warnings
 from pathlib import Path
