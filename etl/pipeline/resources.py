@@ -156,6 +156,8 @@ def resources_for(res: Resources, config: RunConfig) -> Resources:
     system, masks and truncation over the same tokenizer, template, BOS/EOS and connection."""
     _check_input_type(config)
     config = resolved_config(config, res.template.template)
+    if config == res.config:  # a plain run's one source: the run's own resources
+        return res
     return dataclasses.replace(res, config=config, system_ids=_system_ids(res.tokenizer, config))
 
 

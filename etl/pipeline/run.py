@@ -204,7 +204,7 @@ class LocalEngine:
         # polars: imported while the first chunk parses
         from etl.pipeline.resources import resources_for
 
-        res = state.res if source.config is state.res.config else resources_for(state.res, source.config)
+        res = resources_for(state.res, source.config)
         if isinstance(state.parts, StagedParts):
             state.parts.prefix = source.name  # a mixture stages each source's parts apart
         mine = dataclasses.replace(state, res=res, counts=Counts(), domain=source.domain)
