@@ -77,8 +77,14 @@ def _summary(manifest: dict[str, Any], dst: str) -> str:
     return (
         f"etl run: read {n['read']:,}, written {n['written']:,}{copies} ({n['truncated']:,} truncated), "
         f"dropped {by_reason(n['dropped'], none='0')}, rejected {by_reason(n['rejected'], none='0')}; "
-        f"{n['tokens']:,} tokens ({n['trained_tokens']:,} trained) -> {dst}"
+        f"{n['tokens']:,} tokens ({n['trained_tokens']:,} trained) -> {dst}{_template_note(manifest)}"
     )
+
+
+def _template_note(manifest: dict[str, Any]) -> str:
+    """The template the run used (`auto` resolved), which decides every id of the structure."""
+    name = (manifest.get("template") or {}).get("name")
+    return f" (template {name})" if name else ""
 
 
 def _mixture_notes(manifest: dict[str, Any]) -> list[str]:
@@ -92,7 +98,8 @@ def _cache_line(cache: dict[str, Any] | None, saved: float | None) -> str | None
         return None
     where = f"token cache {cache['dir']}" if cache["dir"] else "no token cache (--no-cache)"
     line = (f"etl run: {where}: {cache['strings']:,} texts, {cache['distinct']:,} distinct per batch, "
-            f"{cache['from_cache']:,} read from the cache ({cache['hit_rate']:.1%}), {cache['tokenized']:,} tokenized")
+            f"{cache['from_cache']:,} read from the cache ({cache['hit_rate']:.1%}), {cache['tokenized']:,} tokenized"
+            + (f" ({cache['backend']})" if cache.get("backend") else ""))
     if saved:
         line += f"; saved ~{saved:.1f}s of tokenizing ({cache['tokens_from_cache']:,} tokens at this tokenizer's rate)"
     if parsed := cache.get("parsed_chunks"):
