@@ -115,8 +115,6 @@ def build_resources(
         tokenizer = load_tokenizer(config.tokenizer, special_tokens=template.special_tokens, lazy=lazy,
                                    backend=config.tokenizer_backend)
     config = resolved_config(config, template)
-    if not lazy and hasattr(tokenizer, "preload"):  # lazy: the cache may hold every text
-        tokenizer.preload()
     encoder = Encoder(tokenizer, cache)  # first: it hands the tokenizer the answers it remembers
     tokenizer.vocab_size  # noqa: B018 - the manifest's, asked now: the answers the cache keeps at close hold it
     ids = resolve_template(template, tokenizer)

@@ -31,6 +31,10 @@ HF, GIGATOKEN, AUTO = "hf", "gigatoken", "auto"
 # Texts of a run's first encodes that both encoders see before gigatoken is trusted: ~0.15 s of
 # `tokenizers` on T0's texts (~0.5 KiB each), once per run.
 VERIFY_TEXTS = 2000
+# `auto` below this much input (compressed bytes for .gz/.zst) encodes with `tokenizers`: gigatoken
+# costs ~0.6 s to load Qwen2.5 and ~0.15 s at its first call, about what `tokenizers` spends on
+# AUTO_MIN_BYTES of chat JSON on 2 cores (bench/results.md, section 1).
+AUTO_MIN_BYTES = 4 << 20
 # Text bytes per gigatoken call: its output is ~4 B per token (uint32 + offsets), so 16 MiB of text
 # stays under ~20 MB of ids; the call itself spreads over every core.
 FAST_BYTES = 16 << 20

@@ -182,10 +182,21 @@ class HFTokenizer:
         np.cumsum(text_len, out=offsets[1:])
         return offsets_to_list_array(flat, offsets)
 
+    def plan(self, input_bytes: int) -> None:
+        """Settle the backend for a run over `input_bytes` of input: `auto` below
+        `fast.AUTO_MIN_BYTES` is `hf` (gigatoken's fixed cost would exceed what it saves); else
+        start loading gigatoken (`preload`) unless tokenizer.json was not even parsed (a warm
+        token cache may hold every text)."""
+        if self.backend == fast.AUTO and input_bytes < fast.AUTO_MIN_BYTES:
+            self.backend = fast.HF
+            if "_tok" in self.__dict__:
+                self._raw = None
+        elif "_tok" in self.__dict__:
+            self.preload()
+
     def preload(self) -> None:
         """Load the gigatoken tokenizer on a thread (~0.4-0.7 s for Qwen2.5) so that the first
-        encode finds it ready: `etl run` calls this once its resources are built, while the first
-        chunks parse. No-op for `hf` or once started."""
+        encode finds it ready, while the first chunks parse. No-op for `hf` or once started."""
         if self.backend == fast.HF or "_fast" in self.__dict__ or self._loading is not None:
             return
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="etl-gigatoken")

@@ -188,7 +188,8 @@ def test_auto_falls_back_to_tokenizers_on_a_wrong_id(monkeypatch: pytest.MonkeyP
         HFTokenizer(path, backend="gigatoken").encode_texts(pa.array(texts))
 
 
-def test_a_run_is_the_same_with_every_backend(tmp_path: Path) -> None:
+def test_a_run_is_the_same_with_every_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fast, "AUTO_MIN_BYTES", 0)  # auto: gigatoken whatever the input's size
     src = write_jsonl(tmp_path / "chats.jsonl", chats(60))
     flags = ["--tokenizer", str(local_tokenizer()), "--template", "chatml", "--no-cache"]
     manifests = {b: etl_run(src, tmp_path / b, *flags, "--tokenizer-backend", b) for b in ("hf", "auto", "gigatoken")}
@@ -213,7 +214,18 @@ def test_without_gigatoken_auto_uses_tokenizers(tmp_path: Path, monkeypatch: pyt
     assert not (tmp_path / "forced" / "_manifest.json").exists()
 
 
-def test_a_run_of_cached_texts_names_no_backend(tmp_path: Path) -> None:
+def test_auto_uses_tokenizers_for_a_small_input(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "chats.jsonl", chats(30))
+    flags = ["--tokenizer", str(local_tokenizer()), "--template", "chatml", "--no-cache"]
+    assert src.stat().st_size < fast.AUTO_MIN_BYTES
+    assert etl_run(src, tmp_path / "auto", *flags)["token_cache"]["backend"] == "hf"
+    big = HFTokenizer(local_tokenizer(), backend="auto")
+    big.plan(fast.AUTO_MIN_BYTES)
+    assert big.backend == "auto" and big._loading is not None and big._fast is not None
+
+
+def test_a_run_of_cached_texts_names_no_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fast, "AUTO_MIN_BYTES", 0)
     src = write_jsonl(tmp_path / "chats.jsonl", chats(3))
     flags = ["--tokenizer", str(local_tokenizer()), "--template", "chatml", "--cache", str(tmp_path / "cache")]
     assert etl_run(src, tmp_path / "cold", *flags)["token_cache"]["backend"] == "gigatoken"
