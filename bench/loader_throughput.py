@@ -33,7 +33,7 @@ from etl.columns import (
     NUM_TOKENS,
 )
 from etl.loader.dataloader import ParquetLoader
-from etl.output.ownership import OutputWriter
+from etl.output.writer import OutputWriter
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"

@@ -2,11 +2,13 @@
 
 T0-train-50k (../shared/data) rewritten as chats (prompt -> user, completion without GPT-3's
 `<|endoftext|>` marker -> assistant), Qwen2.5 tokenizer, `--template chatml`, etl's other settings
-at their defaults (default system message, S = 2048, 16 MiB chunks). Sections: etl run vs the bare
-tokenizer and two peers (a per-example loop, HF datasets' batched map) on the first 20k chats;
-start-up; 1 vs 2 cores; local vs ray engine; peak RSS at 10x and 50x a 5k-chat slice; packing;
-loader tokens/s padded and packed; token balance. Each figure comes with its command. About 6-7
-minutes; `--quick` (2k chats, 2x and 4x a 1k slice, one round) about 1 minute.
+at their defaults (default system message, S = 2048, 16 MiB chunks). Sections: etl run (cold and
+warm, with its default backend and with `--tokenizer-backend hf`) vs the bare tokenizers and two
+peers (a per-example loop, HF datasets' batched map) on the first 20k chats; etl vs a bare
+`tokenizers` `encode_batch` on all 55k chats; start-up; 1 vs 2 cores; local vs ray engine; peak RSS
+at 10x and 50x a 5k-chat slice with each backend; packing; loader tokens/s padded and packed; token
+balance. Each figure comes with its command. About 12-15 minutes; `--quick` (2k chats, 2x and 4x a
+1k slice, one round) about 4 minutes, 2 of them bench/engines.py's (all of T0 even then).
 
     python bench/results.py [--quick] [--out bench/results.md] [--rounds R] [--tokenizer DIR]
 """
@@ -28,7 +30,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from child import Run, run_child
 from etl_throughput import QWEN, T0, write_chats
-from results_etl import REPO, Data, child_env, etl_cmd, side_by_side, startup_table
+from results_backends import all_table, side_by_side
+from results_etl import REPO, Data, child_env, etl_cmd, startup_table
 from results_loader import lengths_of, loader_table, packing_table
 from results_md import Table, machine_facts, render
 from results_scale import cores_table, engines, memory_table, optional_table
@@ -59,9 +62,10 @@ def prepare(tmp: Path, settings: Settings, tokenizer: Path) -> tuple[Data, Path]
     with chats.open(encoding="utf-8") as src:
         slice_path.write_text("".join(line for _, line in zip(range(settings.slice_rows), src, strict=False)), encoding="utf-8")
     every = tmp / "t0-all.jsonl"
-    write_chats(settings.all_rows, every, strip_suffix=MARKER)
-    names = {str(chats): "$T0_CHATS", str(every): "$T0_ALL", str(tokenizer): "$QWEN", str(slice_path): "$SLICE"}
-    return Data(tmp, tokenizer, chats, contents, names), slice_path
+    every_contents = write_chats(settings.all_rows, every, strip_suffix=MARKER)
+    names = {str(chats): "$T0_CHATS", str(every): "$T0_ALL", str(tokenizer): "$QWEN", str(slice_path): "$SLICE",
+             str(tmp / "t0-all-out"): "$T0_ALL_OUT"}
+    return Data(tmp, tokenizer, chats, contents, names, every, every_contents), slice_path
 
 
 def header(settings: Settings, args: argparse.Namespace, data: Data, elapsed: float, load: tuple[float, float]) -> list[str]:
@@ -105,13 +109,14 @@ def sections(data: Data, slice_path: Path, settings: Settings, failures: list[st
     etl_runs: list[Run] = []
     s = settings
     tables = [section("side by side", lambda: side_by_side(data, s.rounds, etl_runs), failures),
+              section("all of T0", lambda: all_table(data, s.rounds), failures),
               section("start-up", lambda: startup_table(data, etl_runs, s.rounds), failures),
               section("cores", lambda: cores_table(data, s.rounds), failures),
               section("engines", lambda: engines(data, s.rounds), failures),
               section("memory", lambda: memory_table(data, slice_path, s.slice_rows, s.factors, s.rounds), failures)]
-    every = data.tmp / "t0-all-out"
-    data.names[str(every)] = "$T0_ALL_OUT"
-    run_child(etl_cmd(data.tmp / "t0-all.jsonl", every, data.tokenizer), env=child_env(), cwd=str(REPO))
+    every = data.tmp / "t0-all-out"  # written by the all-of-T0 section; again here if it failed
+    if not (every / "_manifest.json").is_file():
+        run_child(etl_cmd(data.tmp / "t0-all.jsonl", every, data.tokenizer), env=child_env(), cwd=str(REPO))
     tables += [section("packing", lambda: packing_table(lengths_of(every), 2048, s.pack_repeats), failures),
                section("loader", lambda: loader_table(data, every, s.loader_batches), failures),
                section("token balance", lambda: optional_table("token_balance", "Token balance"), failures)]

@@ -65,7 +65,8 @@ def rate(tokens: float, seconds: float) -> str:
 
 
 def ratio(x: float) -> str:
-    return f"{x:.2f}×"
+    """`2.50×`; under 0.1 two significant digits (`0.0031×`: a bare gigatoken call beside a whole run)."""
+    return f"{x:.2f}×" if x >= 0.1 else f"{x:.2g}×"
 
 
 def parse_timings(text: str) -> dict[str, float]:

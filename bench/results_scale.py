@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from child import Run, run_child
-from results_etl import REPO, Data, child_env, etl_cmd, rounds_of
+from results_etl import REPO, Data, backend_of, child_env, etl_cmd, rounds_of
 from results_md import Table, from_results, rate, ratio, secs
 
 ONE_CORE = (["taskset", "-c", "0"], {"RAYON_NUM_THREADS": "1", "POLARS_MAX_THREADS": "1"})
 TWO_CORES: tuple[list[str], dict[str, str]] = (["taskset", "-c", "0,1"], {})
 GIB = 1024.0  # MiB
+# The memory runs: etl's default backend (no flag) and the hf backend; the difference is the default's share.
+MEMORY_BACKENDS: dict[str, tuple[str, ...]] = {"default": (), "hf": ("--tokenizer-backend", "hf")}
 
 
 def cores_table(data: Data, rounds: int) -> Table:
@@ -108,30 +110,52 @@ def repeated(slice_path: Path, factor: int, out: Path) -> Path:
 
 
 def memory_table(data: Data, slice_path: Path, slice_rows: int, factors: tuple[int, int], rounds: int = 1) -> Table:
-    """Peak RSS of `etl run` at default settings on the slice repeated `factors` times, in
-    `rounds` interleaved rounds (medians shown: peaks move by ~50 MiB between runs)."""
+    """Peak RSS of `etl run` at default settings (so its default backend) and with
+    `--tokenizer-backend hf` on the slice repeated `factors` times, in `rounds` interleaved rounds
+    (medians: peaks move by ~50 MiB between runs). The difference is the default backend's share."""
     srcs = {f: repeated(slice_path, f, data.tmp / f"slice-x{f}.jsonl") for f in factors}
     data.names.update({str(src): f"$SLICE_X{f}" for f, src in srcs.items()})
-    cmds = {f: etl_cmd(src, data.tmp / f"mem-x{f}", data.tokenizer) for f, src in srcs.items()}
-    runs: dict[int, list[Run]] = {f: [] for f in factors}
-    for r in range(rounds):
-        for f in factors if r % 2 == 0 else factors[::-1]:
-            runs[f].append(run_child(cmds[f], env=child_env(), cwd=str(REPO)))
-    rows, peaks = [], []
-    for f in factors:
-        counts = json.loads((data.tmp / f"mem-x{f}" / "_manifest.json").read_text())["counts"]
-        wall = statistics.median(r.wall for r in runs[f])
-        peaks.append(statistics.median(r.peak_mib for r in runs[f]))
-        rows.append([f"{f}×", f"{counts['read']:,}", f"{srcs[f].stat().st_size / 1e6:.0f}", data.show(cmds[f]),
-                     secs([r.peak_mib for r in runs[f]], 0), f"{wall:.1f}", rate(counts["tokens"], wall)])
-        srcs[f].unlink()
-    growth = peaks[1] / peaks[0]
-    verdict = "met" if growth <= 1.2 and max(peaks) < GIB else "not met"
+    setups = {f"{f} {b}": (f, b) for f in factors for b in MEMORY_BACKENDS}
+    dsts = {key: data.tmp / f"mem-x{f}-{b}" for key, (f, b) in setups.items()}
+    cmds = {key: etl_cmd(srcs[f], dsts[key], data.tokenizer, *MEMORY_BACKENDS[b]) for key, (f, b) in setups.items()}
+    runs: dict[str, list[Run]] = {key: [] for key in setups}
+
+    def job(key: str) -> float:
+        runs[key].append(run_child(cmds[key], env=child_env(), cwd=str(REPO)))
+        return runs[key][-1].wall
+
+    rounds_of({key: (lambda k=key: job(k)) for key in setups}, rounds)
+    peaks = {setups[key]: statistics.median(r.peak_mib for r in rs) for key, rs in runs.items()}
+    rows = []
+    for key, (f, b) in setups.items():
+        counts = json.loads((dsts[key] / "_manifest.json").read_text())["counts"]
+        wall = statistics.median(r.wall for r in runs[key])
+        share = f"{peaks[f, b] - peaks[f, 'hf']:+.0f}" if b == "default" else "-"
+        rows.append([f"{f}×", f"{counts['read']:,}", f"{srcs[f].stat().st_size / 1e6:.0f}", backend_of(dsts[key]),
+                     data.show(cmds[key]), secs([r.peak_mib for r in runs[key]], 0), share, f"{wall:.1f}",
+                     rate(counts["tokens"], wall)])
+    for src in srcs.values():
+        src.unlink()
     notes = [(f"Input: the first {slice_rows:,} T0 chats written {factors[0]}× and {factors[1]}× over (`$SLICE_X…`), "
-              f"{rounds} interleaved run(s) each, medians. Peak RSS is `etl run`'s own `ru_maxrss` (`os.wait4` in "
-              "`bench/child.py`'s ~10 MiB launcher: a child of this benchmark process directly would report at least "
-              f"this process's size). {factors[1]}× / {factors[0]}× median peak: **{ratio(growth)}**; largest median "
-              f"{max(peaks):.0f} MiB. Acceptance (issue 12 point 2: 50× ≤ 1.2 × the 10× peak, and under 1 GiB): "
-              f"**{verdict}**.")]
-    columns = ["input", "chats", "MB", "command", "peak RSS MiB, median (range)", "wall s", "written tok/s"]
+              f"each with the default backend and with `--tokenizer-backend hf`, {rounds} interleaved run(s) each, "
+              "medians. Peak RSS is `etl run`'s own `ru_maxrss` (`os.wait4` in `bench/child.py`'s ~10 MiB launcher: a "
+              "child of this benchmark process directly would report at least this process's size). Encoder: the "
+              "manifest's `token_cache.backend`; last but two: the default run's peak minus the hf run's."),
+             memory_verdict(peaks, factors)]
+    columns = ["input", "chats", "MB", "encoder", "command", "peak RSS MiB, median (range)", "peak − hf peak MiB",
+               "wall s", "written tok/s"]
     return Table(f"Peak memory as the input grows ({factors[0]}× and {factors[1]}× a T0 slice)", columns, rows, notes)
+
+
+def memory_verdict(peaks: dict[tuple[int, str], float], factors: tuple[int, int]) -> str:
+    """The growth of the default backend's median peak from the small to the large input, its share
+    over the hf backend at each, and the acceptance (the large peak ≤ 1.2 × the small one, under 1 GiB)."""
+    small, large = ((f, "default") for f in factors)
+    growth = peaks[large] / peaks[small]
+    top = max(peaks[small], peaks[large])
+    verdict = "met" if growth <= 1.2 and top < GIB else "not met"
+    shares = ", ".join(f"{peaks[f, 'default'] - peaks[f, 'hf']:+.0f} MiB at {f}×" for f in factors)
+    return (f"Default backend: {factors[1]}× / {factors[0]}× median peak **{ratio(growth)}**, largest median {top:.0f} MiB "
+            f"(hf backend: {ratio(peaks[factors[1], 'hf'] / peaks[factors[0], 'hf'])}); the default backend's share "
+            f"(its peak minus the hf backend's): {shares}. Acceptance ({factors[1]}× ≤ 1.2 × the {factors[0]}× peak, and "
+            f"under 1 GiB, default backend): **{verdict}**.")

@@ -15,8 +15,20 @@ sys.path.insert(0, str(BENCH))  # the bench modules import each other by name, a
 
 import results_md as md
 from child import Run, run_child
-from results_etl import Data, ratio_notes, side_by_side, startup_table
-from results_scale import engines, memory_table, optional_table
+from results_backends import (
+    BARE,
+    BARE_FAST,
+    BARE_GIGA,
+    ETL,
+    ETL_HF,
+    MAP,
+    PER,
+    all_goal,
+    ratio_notes,
+    side_by_side,
+)
+from results_etl import Data, startup_table
+from results_scale import engines, memory_table, memory_verdict, optional_table
 
 QWEN = BENCH.parents[1] / "shared" / "data" / "qwen2.5-tokenizer"
 
@@ -40,6 +52,7 @@ def test_number_formats() -> None:
     assert md.secs([559.4, 679.6], 0) == "620 (559-680)"
     assert md.rate(3_000_000, 2.0) == "1.50M"
     assert md.ratio(2.5) == "2.50×"
+    assert md.ratio(0.0031) == "0.0031×" and md.ratio(0.099) == "0.099×" and md.ratio(0.1) == "0.10×"
 
 
 def test_parse_timings() -> None:
@@ -59,12 +72,34 @@ def test_from_results_shapes(value: object, columns: list[str], rows: list[list[
 
 
 def test_ratio_notes_on_medians_and_best_rounds() -> None:
-    times = {"etl run": [5.0, 6.0, 9.0], "per-example loop": [30.0], "HF datasets map": [15.0, 18.0, 20.0],
-             "bare encode_batch": [3.0], "bare encode_batch_fast": [2.5]}
+    times = {ETL: [5.0, 6.0, 9.0], PER: [30.0], MAP: [15.0, 18.0, 20.0], BARE: [3.0], BARE_FAST: [2.5], BARE_GIGA: [0.1]}
     ratios, goal = ratio_notes(times)
-    assert "etl / HF datasets map = **3.00×** (best rounds 3.00×)" in ratios
-    assert "etl / bare encode_batch = **0.50×** (best rounds 0.60×)" in ratios
-    assert goal.endswith("**3.00× on medians (3.00× on best rounds), met**.")
+    assert f"etl / {MAP} = **3.00×** (best rounds 3.00×)" in ratios
+    assert f"etl / {BARE} = **0.50×** (best rounds 0.60×)" in ratios
+    assert f"etl / {BARE_GIGA} = **0.017×** (best rounds 0.02×)" in ratios
+    assert goal.startswith("Goal: etl run ≥ 8× HF datasets' batched map (num_proc=2)")
+    assert goal.endswith("**3.00× on medians (3.00× on best rounds), not met**.")
+    # the hf backend's own ratio to the map, and the goal met at 8x
+    hf_line, met = ratio_notes({**times, ETL: [2.0, 3.0], ETL_HF: [6.0]})[1:]
+    assert hf_line.startswith(f"With the hf backend (`--tokenizer-backend hf`, cold): etl / {MAP} = **3.00×**")
+    assert met.endswith("**7.20× on medians (7.50× on best rounds), not met**.")
+    assert ratio_notes({**times, ETL: [2.0, 2.5]})[1].endswith("**8.00× on medians (7.50× on best rounds), met**.")
+
+
+def test_all_goal_is_content_rate_over_the_bare_encode_batch() -> None:
+    # same contents for both: the rate ratio is bare seconds / etl seconds
+    assert all_goal({ETL: [2.0, 3.0, 4.0], BARE: [7.5, 8.0]}).endswith(
+        "**2.58× on medians (3.75× on best rounds), met**.")
+    assert "**0.91× on medians" in all_goal({ETL: [4.4], BARE: [4.0]})
+
+
+def test_memory_verdict_growth_share_and_acceptance() -> None:
+    peaks = {(10, "default"): 600.0, (10, "hf"): 570.0, (50, "default"): 690.0, (50, "hf"): 580.0}
+    text = memory_verdict(peaks, (10, 50))
+    assert "50× / 10× median peak **1.15×**, largest median 690 MiB (hf backend: 1.02×)" in text
+    assert "+30 MiB at 10×, +110 MiB at 50×" in text and text.endswith("**met**.")
+    assert memory_verdict({**peaks, (50, "default"): 730.0}, (10, 50)).endswith("**not met**.")  # 1.22x
+    assert memory_verdict({k: v * 2 for k, v in peaks.items()}, (10, 50)).endswith("**not met**.")  # 1,380 MiB
 
 
 def test_optional_table_missing_and_present(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,9 +134,11 @@ def tiny_data(tmp_path: Path, tokenizer: Path | str, rows: int = 40) -> Data:
 def test_memory_table_runs_etl_on_repeated_input(tmp_path: Path) -> None:
     data = tiny_data(tmp_path, "bytes")
     table = memory_table(data, data.chats, 40, (2, 4), rounds=2)
-    assert [r[:2] for r in table.rows] == [["2×", "80"], ["4×", "160"]]
-    assert "(" in table.rows[0][4]  # median (range) of 2 runs
-    assert "$SLICE_X2" in table.rows[0][3] and "Acceptance" in table.notes[0]
+    assert [r[:2] for r in table.rows] == [["2×", "80"], ["2×", "80"], ["4×", "160"], ["4×", "160"]]
+    assert "(" in table.rows[0][5]  # median (range) of 2 runs
+    assert "$SLICE_X2" in table.rows[0][4] and "--tokenizer-backend hf" in table.rows[1][4]
+    assert [r[6] != "-" for r in table.rows] == [True, False, True, False]  # the default's share over hf
+    assert "Acceptance" in table.notes[1]
 
 
 def test_startup_from_timings_line_or_measured(tmp_path: Path) -> None:
@@ -134,6 +171,22 @@ def test_side_by_side_peers_equal_etl(tmp_path: Path) -> None:
     if not QWEN.is_dir():
         pytest.skip(f"needs {QWEN}")
     table = side_by_side(tiny_data(tmp_path, QWEN, rows=20), 1, [])
-    assert [r[0] for r in table.rows][:3] == ["etl run", "per-example loop", "HF datasets map"]
+    assert {r[0]: r[1] for r in table.rows if r[0] in (ETL, ETL_HF, BARE_GIGA)} == {
+        ETL: "gigatoken", ETL_HF: "hf", BARE_GIGA: "gigatoken"}
     checks = [n for n in table.notes if n.startswith("Check:")]
-    assert len(checks) == 2 and all("on 20 of 20 rows" in n for n in checks), checks
+    assert len(checks) == 3 and all("on 20 of 20 rows" in n for n in checks[:2]), checks
+    assert checks[2].count("byte-identical") == 3 and "(the same)" in checks[2], checks[2]
+
+
+@pytest.mark.shared
+def test_bare_gigatoken_counts_the_tokens_tokenizers_counts() -> None:
+    """gigatoken's own encode_batch on texts without added-token strings: tokenizers' token count."""
+    if not QWEN.is_dir():
+        pytest.skip(f"needs {QWEN}")
+    from etl_throughput import bare_gigatoken, bare_tokenizer
+
+    texts = ["Hello, world!", "数字 123 and emoji 🙂", "  spaces\n\ttabs  ", "", "x" * 5000]
+    expected = bare_tokenizer(texts, QWEN)[1]
+    assert expected > 20
+    assert bare_gigatoken(texts, QWEN)[1] == expected
+    assert bare_gigatoken(texts, QWEN, per_call=2)[1] == expected
