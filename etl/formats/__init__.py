@@ -4,5 +4,5 @@
 SQL pieces every builder shares; `conversation` (one builder, shaped as chat and sharegpt, with
 its SQL in `conversation_sql`), `instruction` (instruction, prompt_completion), `text` and
 `transcript` (one string with role markers, HH-RLHF) hold the builders; `layout_hint` the input
-type a record's keys suggest.
+type a record's keys suggest; `prepared` plans a builder's query once per DuckDB connection.
 """
