@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl import columns as c
+from etl.arrow_values import numbers_of, string_array
 
 # The prefix200 dedup: "exact duplicates via MD5 of first 200 chars" of the record's text; `exact`
 # hashes the whole conversation instead.
@@ -123,38 +124,18 @@ def record_keys(
         ).to_arrow_table()
     finally:
         con.unregister("good")
-    return _numbers(keys.column("dedup_key"), np.uint64), _numbers(keys.column("split_draw"), np.float64)
-
-
-# The helpers below build Arrow and numpy values from buffers: pyarrow's conversions of Python
-# or numpy values (pa.array, pa.scalar, a compute call given a str, ChunkedArray.to_numpy) import
-# pandas where it is installed, ~0.85 s of a run's CPU for nothing.
-
-
-def _numbers(column: pa.ChunkedArray, dtype: type[np.generic]) -> np.ndarray:
-    """A numeric column without nulls as a numpy array (its buffers read, one copy at most)."""
-    if column.null_count:
-        return column.to_numpy()
-    parts = [np.frombuffer(a.buffers()[1], dtype)[a.offset : a.offset + len(a)] for a in column.chunks]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype)
-
-
-def _strings(values: list[str]) -> pa.StringArray:
-    """A few Python strings as an Arrow string array."""
-    data = [v.encode("utf-8") for v in values]
-    offsets = np.concatenate(([0], np.cumsum([len(d) for d in data]))).astype(np.int32)
-    return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(b"".join(data)))
+    return numbers_of(keys.column("dedup_key"), np.uint64), numbers_of(keys.column("split_draw"), np.float64)
 
 
 def splits(draws: np.ndarray, val_fraction: float) -> pa.Array:
     """`val` for the records whose draw falls under val_fraction, else `train`."""
     picks = (np.asarray(draws) < val_fraction).astype(np.int8)
-    return _strings(["train", "val"]).take(pa.Array.from_buffers(pa.int8(), len(picks), [None, pa.py_buffer(picks)]))
+    return string_array(["train", "val"]).take(pa.Array.from_buffers(pa.int8(), len(picks), [None, pa.py_buffer(picks)]))
 
 
 def domains(good: pa.Table, default: str = c.DEFAULT_DOMAIN) -> pa.Array:
     """The builder's `domain` column with nulls as `default` (the config file's `__default__`)."""
-    fill = _strings([default])[0]
+    fill = string_array([default])[0]
     if "domain" not in good.column_names:
         return pa.repeat(fill, good.num_rows)
 

@@ -22,6 +22,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etl.arrow_values import string_array
 from etl.columns import (
     CALLS,
     CALLS_IDS,
@@ -56,7 +57,7 @@ def tools_text(tools: pa.Array, fmt: ToolIds) -> pa.Array:
             lines = [text]
         return "".join(fmt.tool_before + line for line in lines) + fmt.list_glue
 
-    rendered = pa.array([render(t) for t in uniq.to_pylist()], pa.string())
+    rendered = string_array([render(t) for t in uniq.to_pylist()])
     return pc.take(rendered, pc.index_in(tools, value_set=uniq))
 
 
