@@ -22,3 +22,30 @@ def string_array(values: list[str]) -> pa.StringArray:
     data = [v.encode("utf-8") for v in values]
     offsets = np.concatenate(([0], np.cumsum([len(d) for d in data]))).astype(np.int32)
     return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(b"".join(data)))
+
+
+def list_lengths(lists: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """int64 value count of each list (0 for a null list, as `pc.list_flatten` skips its values)."""
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks()
+    width = np.int64 if pa.types.is_large_list(lists.type) else np.int32
+    offsets = np.frombuffer(lists.buffers()[1], width)[lists.offset : lists.offset + len(lists) + 1]
+    lengths = np.diff(offsets).astype(np.int64)
+    if lists.null_count:
+        bits = np.unpackbits(np.frombuffer(lists.buffers()[0], np.uint8), bitorder="little")
+        lengths *= bits[lists.offset : lists.offset + len(lists)]
+    return lengths
+
+
+def from_numpy(values: np.ndarray) -> pa.Array:
+    """A 1-d numeric numpy array as an Arrow array over the same memory (no nulls)."""
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+
+
+def valid_mask(values: pa.Array) -> np.ndarray:
+    """bool per element: not null (from the validity bitmap; all True without one)."""
+    if not values.null_count:
+        return np.ones(len(values), bool)
+    bits = np.unpackbits(np.frombuffer(values.buffers()[0], np.uint8), bitorder="little")
+    return bits[values.offset : values.offset + len(values)].astype(bool)

@@ -14,8 +14,10 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from etl.arrow_values import from_numpy, valid_mask
 from etl.columns import CONV, REASONING, ROLE, TURN_INDEX
 from etl.ragged import range_gather
+from etl.tokens.tokenizer import offsets_to_list_array
 
 Encoder = Callable[[pa.Array], pa.LargeListArray]
 
@@ -59,11 +61,11 @@ def keep_reasoning(turns: pl.LazyFrame, render: ReasoningRender) -> pl.LazyFrame
 def encode_wrapped(encode: Encoder, texts: pa.Array, prefix: tuple[int, ...], suffix: tuple[int, ...]) -> pa.LargeListArray:
     """prefix + ids(text) + suffix for each non-null text, [] for nulls; the tokenizer sees
     only the non-null texts (none at all for data without reasoning: no call, no cost)."""
-    present = np.flatnonzero(~np.asarray(texts.is_null().to_numpy(zero_copy_only=False)))
+    present = np.flatnonzero(valid_mask(texts))
     out_len = np.zeros(len(texts), np.int64)
     if not len(present):
-        return pa.LargeListArray.from_arrays(pa.array(np.zeros(len(texts) + 1, np.int64)), pa.array([], pa.int32()))
-    enc = encode(texts.take(pa.array(present)))
+        return offsets_to_list_array(np.zeros(0, np.int32), np.zeros(len(texts) + 1, np.int64))
+    enc = encode(texts.take(from_numpy(present)))
     offsets = enc.offsets.to_numpy()
     flat = enc.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
     lens = np.diff(offsets)

@@ -22,7 +22,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.arrow_values import string_array
+from etl.arrow_values import list_lengths, string_array
 from etl.columns import (
     CALLS,
     CALLS_IDS,
@@ -36,6 +36,7 @@ from etl.columns import (
     TURN_INDEX,
 )
 from etl.ragged import range_gather
+from etl.tokens.tokenizer import offsets_to_list_array
 from etl.tokens.tool_format import RESULT_FIRST, RESULT_LAST, WITH_TOOLS, ToolIds
 from etl.tokens.tool_json import BadToolJson, call_parts, tool_lines
 
@@ -126,10 +127,10 @@ def encode_calls(encode: Encoder, calls: pa.Array, nonempty: np.ndarray, fmt: To
     one call; a gather builds every turn's ids.
     """
     calls = calls.cast(pa.large_list(pa.string()))
-    counts = pc.fill_null(pc.list_value_length(calls), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    counts = list_lengths(calls)
     flat = pc.list_flatten(calls)
     if not len(flat):
-        return pa.LargeListArray.from_arrays(pa.array(np.zeros(len(calls) + 1, np.int64)), pa.array([], pa.int32()))
+        return offsets_to_list_array(np.zeros(0, np.int32), np.zeros(len(calls) + 1, np.int64))
     texts, index = _call_texts(flat, fmt)
     enc = encode(texts)
     offsets = enc.offsets.to_numpy()

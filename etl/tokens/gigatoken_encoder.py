@@ -48,7 +48,9 @@ def load(raw: bytes, name: str) -> Any:
             Unigram model, say); the message says how to go on with `tokenizers`.
     """
     try:
-        # gigatoken: only for a run that encodes with it (it imports awkward, ~0.2 s)
+        # gigatoken and the awkward arrays it returns (~0.2 s of imports): only for a run that
+        # encodes with it, here, on `HFTokenizer.preload`'s thread
+        import awkward  # noqa: F401
         import gigatoken
     except ImportError as exc:
         raise EtlError("tokenizer backend gigatoken is not installed (`pip install gigatoken`); "

@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
+from etl.arrow_values import from_numpy
 from etl.errors import EtlError
 
 BYTES = "bytes"
@@ -51,7 +52,8 @@ class TextTokenizer(Protocol):
 
 def offsets_to_list_array(flat: np.ndarray, offsets: np.ndarray) -> pa.LargeListArray:
     """The `encode_texts` result: flat int32 ids cut at int64 offsets (len(texts) + 1 of them)."""
-    return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(flat, pa.int32()))
+    return pa.LargeListArray.from_arrays(from_numpy(offsets.astype(np.int64, copy=False)),
+                                         from_numpy(flat.astype(np.int32, copy=False)))
 
 
 def as_large_string(texts: pa.Array | pa.ChunkedArray) -> pa.LargeStringArray:
