@@ -9,10 +9,13 @@ import numpy as np
 import pyarrow as pa
 
 
-def numbers_of(column: pa.ChunkedArray, dtype: type[np.generic]) -> np.ndarray:
-    """A numeric column without nulls as a numpy array (its buffers read, one copy at most)."""
+def numbers_of(column: pa.Array | pa.ChunkedArray, dtype: type[np.generic]) -> np.ndarray:
+    """A numeric array or column without nulls as a numpy array of `dtype`, its Arrow type's own
+    (its buffers read: a view of one array, one copy of a column's chunks)."""
     if column.null_count:
         return column.to_numpy()
+    if isinstance(column, pa.Array):
+        return np.frombuffer(column.buffers()[1], dtype)[column.offset : column.offset + len(column)]
     parts = [np.frombuffer(a.buffers()[1], dtype)[a.offset : a.offset + len(a)] for a in column.chunks]
     return np.concatenate(parts) if parts else np.zeros(0, dtype)
 

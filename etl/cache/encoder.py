@@ -23,6 +23,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from etl.arrow_values import from_numpy, numbers_of
 from etl.cache import folder as fo
 from etl.cache.folder import CacheSettings
 from etl.cache.guard import CacheGuard
@@ -109,7 +110,7 @@ class Encoder:
             started, before = time.perf_counter(), self.stats.tokenizer_seconds
             self.stats.strings += len(texts)
             repeats = distinct(texts)
-            unique = texts if repeats is None else texts.take(pa.array(repeats[0]))
+            unique = texts if repeats is None else texts.take(from_numpy(repeats[0]))
             self.stats.distinct += len(unique)
             store = self.store  # once: the parsing thread may turn the cache off meanwhile
             if store is None:
@@ -216,8 +217,9 @@ def gather(sources: list[pa.LargeListArray], source: np.ndarray, row: np.ndarray
     if len(sources) == 1 and (row is None or (len(row) == len(sources[0]) and (row == np.arange(len(row))).all())):
         return sources[0]
     assert row is not None
-    offsets = [s.offsets.to_numpy() for s in sources]
-    flats = [s.values.to_numpy(zero_copy_only=False)[o[0] : o[-1]] for s, o in zip(sources, offsets, strict=True)]
+    assert all(s.type == pa.large_list(pa.int32()) for s in sources), [s.type for s in sources]
+    offsets = [numbers_of(s.offsets, np.int64) for s in sources]
+    flats = [numbers_of(s.values, np.int32)[o[0] : o[-1]] for s, o in zip(sources, offsets, strict=True)]
     starts, lengths = np.empty(len(row), np.int64), np.empty(len(row), np.int64)
     for number, o in enumerate(offsets):
         sel = np.flatnonzero(source == number)

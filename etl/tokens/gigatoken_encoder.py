@@ -28,9 +28,10 @@ from etl.errors import EtlError
 from etl.tokens.unicode_unassigned import UNASSIGNED
 
 HF, GIGATOKEN, AUTO = "hf", "gigatoken", "auto"
-# Texts of a run's first encodes that both encoders see before gigatoken is trusted: ~0.15 s of
-# `tokenizers` on T0's texts (~0.5 KiB each), once per run.
+# Texts of a run's first encodes that both encoders see before gigatoken is trusted, at most
+# VERIFY_BYTES of them: `tokenizers` encodes ~3 MB/s on 2 cores, so ~0.1 s once per run.
 VERIFY_TEXTS = 2000
+VERIFY_BYTES = 256 << 10
 # `auto` below this much input (compressed bytes for .gz/.zst) encodes with `tokenizers`: gigatoken
 # costs ~0.6 s to load Qwen2.5 and ~0.15 s at its first call, about what `tokenizers` spends on
 # AUTO_MIN_BYTES of chat JSON on 2 cores (bench/results.md, section 1).
@@ -55,13 +56,34 @@ def load(raw: bytes, name: str) -> Any:
     except ImportError as exc:
         raise EtlError("tokenizer backend gigatoken is not installed (`pip install gigatoken`); "
                        "pass --tokenizer-backend hf or auto") from exc
-    spec = json.loads(raw)
-    spec["added_tokens"] = []
     try:
-        return gigatoken.Tokenizer.from_json(json.dumps(spec))
+        return gigatoken.Tokenizer.from_json(without_added_tokens(raw))
     except Exception as exc:  # gigatoken raises plain Exceptions for models it does not support
         raise EtlError(f"tokenizer backend gigatoken cannot read tokenizer {name} ({exc}); "
                        "pass --tokenizer-backend hf or auto") from exc
+
+
+def without_added_tokens(raw: bytes) -> str:
+    """tokenizer.json `raw` with an empty `added_tokens` list.
+
+    `tokenizers` writes `added_tokens` after `version`, `truncation` and `padding`: where the file
+    starts so, only that list is decoded (a whole parse and dump of Qwen2.5's 7 MB took ~0.3 s of
+    the run's GIL); any other layout is parsed whole.
+    """
+    text = raw.decode("utf-8")
+    key = text.find('"added_tokens"', 0, 4096)
+    if key > 0:
+        try:
+            before = json.loads(text[:key].rstrip().rstrip(",") + "}")
+            start = text.index("[", key)
+            _, end = json.JSONDecoder().raw_decode(text, start)
+        except ValueError:
+            before = None
+        if isinstance(before, dict) and set(before) <= {"version", "truncation", "padding"}:
+            return text[:start] + "[]" + text[end:]
+    spec = json.loads(text)
+    spec["added_tokens"] = []
+    return json.dumps(spec)
 
 
 def _as_awkward(texts: pa.LargeStringArray) -> Any:

@@ -96,7 +96,7 @@ class HFTokenizer:
         self.new_answers = False  # answers computed by this process, not remembered
         self.backend = backend
         self.backend_used: str | None = None
-        self._checked = 0  # texts both encoders have seen (`_verify`)
+        self._checked = [0, 0]  # texts and bytes both encoders have seen (`_verify`)
         self._loading: concurrent.futures.Future[Any] | None = None  # `preload`'s
         if not lazy:
             self._tok  # noqa: B018 - parse now: a broken file fails here, not at the first question
@@ -228,7 +228,7 @@ class HFTokenizer:
 
     def _ids_of(self, pieces: pa.LargeStringArray) -> tuple[np.ndarray, np.ndarray, float]:
         """(flat int32 ids, ids per piece, seconds copying `tokenizers`' ids) from the run's backend."""
-        if self._fast is not None and self._checked < fast.VERIFY_TEXTS:
+        if self._fast is not None and self._checked[0] < fast.VERIFY_TEXTS and self._checked[1] < fast.VERIFY_BYTES:
             self._verify(pieces)
         if self._fast is None:
             self.backend_used = fast.HF
@@ -249,9 +249,15 @@ class HFTokenizer:
 
     def _verify(self, pieces: pa.LargeStringArray) -> None:
         """Compare gigatoken with `tokenizers` on texts spread over `pieces`, until VERIFY_TEXTS
-        texts of the run are compared; on a difference, `auto` drops gigatoken for the run."""
-        some = pieces.take(fast.sample(len(pieces), fast.VERIFY_TEXTS - self._checked))
-        self._checked += len(some)
+        texts or VERIFY_BYTES of the run are compared; on a difference, `auto` drops gigatoken."""
+        index = fast.sample(len(pieces), fast.VERIFY_TEXTS - self._checked[0])
+        offsets = np.frombuffer(pieces.buffers()[1], np.int64)[pieces.offset : pieces.offset + len(pieces) + 1]
+        within = np.cumsum(np.diff(offsets)[index]) <= fast.VERIFY_BYTES - self._checked[1]
+        if not within.all():  # fewer texts, still spread over the chunk: about VERIFY_BYTES of them
+            index = fast.sample(len(pieces), max(1, int(within.sum())))
+        some = pieces.take(index)
+        self._checked[0] += len(some)
+        self._checked[1] += some.buffers()[2].size if some.buffers()[2] is not None else 0
         differs = fast.first_difference(self._encode_pieces(some)[:2], self._routed(some)[:2])
         if differs is None:
             return

@@ -10,6 +10,7 @@ than the piece size (`PIECE_BYTES`) that etl cuts before encoding.
 from __future__ import annotations
 
 import functools
+import json
 import sys
 import warnings
 from pathlib import Path
@@ -230,3 +231,15 @@ def test_a_run_of_cached_texts_names_no_backend(tmp_path: Path, monkeypatch: pyt
     flags = ["--tokenizer", str(local_tokenizer()), "--template", "chatml", "--cache", str(tmp_path / "cache")]
     assert etl_run(src, tmp_path / "cold", *flags)["token_cache"]["backend"] == "gigatoken"
     assert etl_run(src, tmp_path / "warm", *flags)["token_cache"]["backend"] is None
+
+
+@pytest.mark.parametrize("layout", ["tokenizers", "reordered", "spaced"])
+def test_without_added_tokens_empties_the_list_whatever_the_layout(layout: str) -> None:
+    spec = json.loads(local_tokenizer().read_text(encoding="utf-8"))
+    assert spec["added_tokens"]
+    if layout == "reordered":  # another writer's key order: the whole file is parsed
+        spec = {"model": spec["model"], "added_tokens": spec["added_tokens"],
+                **{k: v for k, v in spec.items() if k not in ("model", "added_tokens")}}
+    text = json.dumps(spec, indent=None if layout == "spaced" else 2, separators=(" , ", " : ") if layout == "spaced" else None)
+    out = json.loads(fast.without_added_tokens(text.encode()))
+    assert out == {**spec, "added_tokens": []}
