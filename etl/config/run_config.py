@@ -125,7 +125,7 @@ class RunConfig(Settings):
     def to_json(self) -> dict[str, Any]:
         """The manifest's `config` (and part of the run's identity): its keys as they have always been.
         `tokenizer_backend` changes no id (the run checks it), so it is left out: the manifest's
-        `tokenizer.backend` says which encoded the run."""
+        `token_cache.backend` says which encoded the run."""
         body = self.model_dump(exclude={"chunk_bytes", "max_record_bytes", "mixture", "tokenizer_backend"})
         body |= {"domain_key": self.domain_key, "chunk_bytes": self.chunk_bytes,
                  "max_record_bytes": self.max_record_bytes}

@@ -12,8 +12,8 @@ The two libraries read Unicode at different versions (gigatoken 0.10: 17, tokeni
 regex engine: older), so a character added lately is a letter to one and not to the other:
 U+323B0 before "/A" splits differently. Texts with a code point that Unicode 14 leaves unassigned
 (`needs_reference`, vectorized over the bytes) therefore go to `tokenizers` (`route`).
-`HFTokenizer` still checks each run: `VERIFY_TEXTS` of the run's first texts go through both
-(`first_difference`), and any difference sends the run back to `tokenizers`.
+`etl.tokens.backend.ContentBackend` still checks each run: some of the run's first texts go
+through both (`first_difference`), and any difference sends the run back to `tokenizers`.
 """
 
 from __future__ import annotations
@@ -28,14 +28,6 @@ from etl.errors import EtlError
 from etl.tokens.unicode_unassigned import UNASSIGNED
 
 HF, GIGATOKEN, AUTO = "hf", "gigatoken", "auto"
-# Texts of a run's first encodes that both encoders see before gigatoken is trusted, at most
-# VERIFY_BYTES of them: `tokenizers` encodes ~3 MB/s on 2 cores, so ~0.1 s once per run.
-VERIFY_TEXTS = 2000
-VERIFY_BYTES = 256 << 10
-# `auto` below this much input (compressed bytes for .gz/.zst) encodes with `tokenizers`: gigatoken
-# costs ~0.6 s to load Qwen2.5 and ~0.15 s at its first call, about what `tokenizers` spends on
-# AUTO_MIN_BYTES of chat JSON on 2 cores (bench/results.md, section 1).
-AUTO_MIN_BYTES = 4 << 20
 # Text bytes per gigatoken call: its output is ~4 B per token (uint32 + offsets), so 16 MiB of text
 # stays under ~20 MB of ids; the call itself spreads over every core.
 FAST_BYTES = 16 << 20

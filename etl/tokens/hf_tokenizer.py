@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import hashlib
 import itertools
@@ -11,7 +10,6 @@ import json
 import operator
 import os
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,9 +18,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from etl.errors import EtlError, EtlWarning
-from etl.tokens import gigatoken_encoder as fast
+from etl.errors import EtlError
+from etl.tokens.backend import ContentBackend
 from etl.tokens.cutting import cut_points, cuttable
+from etl.tokens.gigatoken_encoder import AUTO
 from etl.tokens.token_display import TokenDisplay
 from etl.tokens.tokenizer import IDS_TIMING, as_large_string, offsets_to_list_array
 
@@ -71,13 +70,10 @@ class HFTokenizer:
     answer and every text is cached never parses it.
 
     `backend`: what encodes content (`encode_texts`): `hf` (`tokenizers`), `gigatoken`, or `auto`
-    (gigatoken where it loads this tokenizer). Before gigatoken encodes a run's texts, its ids are
-    compared with `tokenizers`' on `VERIFY_TEXTS` of the first ones: `auto` goes back to
-    `tokenizers` on any difference (one warning), `gigatoken` stops with an error.
-    `backend_used` says which encoded the last texts (None: none encoded yet).
+    (`content`, a `ContentBackend`, which checks gigatoken against `tokenizers` on each run).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, lazy: bool = False, backend: str = fast.AUTO) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, lazy: bool = False, backend: str = AUTO) -> None:
         p = Path(path)
         file = p / "tokenizer.json" if p.is_dir() else p
         if not file.is_file():
@@ -94,10 +90,7 @@ class HFTokenizer:
         self.config: dict[str, Any] = json.loads(config.read_text("utf-8")) if config.is_file() else {}
         self.answers: dict[str, Any] = {}
         self.new_answers = False  # answers computed by this process, not remembered
-        self.backend = backend
-        self.backend_used: str | None = None
-        self._checked = [0, 0]  # texts and bytes both encoders have seen (`_verify`)
-        self._loading: concurrent.futures.Future[Any] | None = None  # `preload`'s
+        self.content = ContentBackend(backend, self._raw, self.name)
         if not lazy:
             self._tok  # noqa: B018 - parse now: a broken file fails here, not at the first question
 
@@ -114,8 +107,7 @@ class HFTokenizer:
                 f"tokenizer {self.name}: {Path(self.path).name} is not a Hugging Face tokenizers file ({exc}); "
                 "pass a tokenizer.json or the model directory that holds one"
             ) from exc
-        if self.backend == fast.HF or "_fast" in self.__dict__ or self._loading is not None:
-            self._raw = None  # else kept for `_fast`, which reads it without added tokens
+        self._raw = None
         # Content is data, never control: special-token strings in content encode as text.
         tok.encode_special_tokens = True
         # So do the non-special added tokens (Qwen's <tool_call>, <think>, <tool_response>):
@@ -174,7 +166,7 @@ class HFTokenizer:
         edges = np.sort(np.concatenate((bounds, cut)), kind="stable")
         pieces = pa.LargeStringArray.from_buffers(len(edges) - 1, pa.py_buffer(edges), data)
         per_text = 1 + np.bincount(np.searchsorted(bounds, cut, side="right") - 1, minlength=len(arr))
-        flat, piece_len, ids_seconds = self._ids_of(pieces)
+        flat, piece_len, ids_seconds = self.content.ids(pieces, self._encode_pieces)
         if timings is not None:
             timings[IDS_TIMING] += ids_seconds
         text_len = np.add.reduceat(piece_len, np.cumsum(per_text) - per_text) if len(arr) else piece_len
@@ -183,92 +175,19 @@ class HFTokenizer:
         return offsets_to_list_array(flat, offsets)
 
     def plan(self, input_bytes: int) -> None:
-        """Settle the backend for a run over `input_bytes` of input: `auto` below
-        `fast.AUTO_MIN_BYTES` is `hf` (gigatoken's fixed cost would exceed what it saves); else
-        start loading gigatoken (`preload`) unless tokenizer.json was not even parsed (a warm
-        token cache may hold every text)."""
-        if self.backend == fast.AUTO and input_bytes < fast.AUTO_MIN_BYTES:
-            self.backend = fast.HF
-            if "_tok" in self.__dict__:
-                self._raw = None
-        elif "_tok" in self.__dict__:
-            self.preload()
+        """Settle the content backend for a run over `input_bytes` of input (`ContentBackend.plan`);
+        gigatoken preloads unless tokenizer.json was not even parsed (a warm token cache may hold
+        every text)."""
+        self.content.plan(input_bytes, preload="_tok" in self.__dict__)
 
-    def preload(self) -> None:
-        """Load the gigatoken tokenizer on a thread (~0.4-0.7 s for Qwen2.5) so that the first
-        encode finds it ready, while the first chunks parse. No-op for `hf` or once started."""
-        if self.backend == fast.HF or "_fast" in self.__dict__ or self._loading is not None:
-            return
-        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="etl-gigatoken")
-        self._loading = pool.submit(self._load_fast, self._raw_for_fast())
-        pool.shutdown(wait=False)  # the thread ends with its one load
+    @property
+    def backend_used(self) -> str | None:
+        """The backend that encoded the last texts (None: none yet)."""
+        return self.content.used
 
-    @functools.cached_property
-    def _fast(self) -> Any:
-        """The gigatoken tokenizer content goes to, or None: `tokenizers` (`hf`, or `auto` where
-        gigatoken is missing or cannot read this tokenizer)."""
-        if self.backend == fast.HF:
-            return None
-        return self._load_fast(self._raw_for_fast()) if self._loading is None else self._loading.result()
-
-    def _raw_for_fast(self) -> bytes:
-        raw = self._raw
-        assert raw is not None
-        if "_tok" in self.__dict__:
-            self._raw = None
-        return raw
-
-    def _load_fast(self, raw: bytes) -> Any:
-        try:
-            return fast.load(raw, self.name)
-        except EtlError:
-            if self.backend == fast.GIGATOKEN:
-                raise
-            return None
-
-    def _ids_of(self, pieces: pa.LargeStringArray) -> tuple[np.ndarray, np.ndarray, float]:
-        """(flat int32 ids, ids per piece, seconds copying `tokenizers`' ids) from the run's backend."""
-        if self._fast is not None and self._checked[0] < fast.VERIFY_TEXTS and self._checked[1] < fast.VERIFY_BYTES:
-            self._verify(pieces)
-        if self._fast is None:
-            self.backend_used = fast.HF
-            return self._encode_pieces(pieces)
-        self.backend_used = fast.GIGATOKEN
-        return self._routed(pieces)
-
-    def _routed(self, pieces: pa.LargeStringArray) -> tuple[np.ndarray, np.ndarray, float]:
-        """gigatoken's ids, but `tokenizers`' for the texts whose characters the two libraries may
-        read differently (`fast.needs_reference`); the seconds are `_encode_pieces`'."""
-        odd = fast.needs_reference(pieces)
-        if not len(odd):
-            return (*fast.encode(self._fast, pieces), 0.0)
-        rest = np.setdiff1d(np.arange(len(pieces)), odd)
-        flat, lengths, seconds = self._encode_pieces(pieces.take(odd))
-        merged = fast.merge(len(pieces), [(odd, (flat, lengths)), (rest, fast.encode(self._fast, pieces.take(rest)))])
-        return (*merged, seconds)
-
-    def _verify(self, pieces: pa.LargeStringArray) -> None:
-        """Compare gigatoken with `tokenizers` on texts spread over `pieces`, until VERIFY_TEXTS
-        texts or VERIFY_BYTES of the run are compared; on a difference, `auto` drops gigatoken."""
-        index = fast.sample(len(pieces), fast.VERIFY_TEXTS - self._checked[0])
-        offsets = np.frombuffer(pieces.buffers()[1], np.int64)[pieces.offset : pieces.offset + len(pieces) + 1]
-        within = np.cumsum(np.diff(offsets)[index]) <= fast.VERIFY_BYTES - self._checked[1]
-        if not within.all():  # fewer texts, still spread over the chunk: about VERIFY_BYTES of them
-            index = fast.sample(len(pieces), max(1, int(within.sum())))
-        some = pieces.take(index)
-        self._checked[0] += len(some)
-        self._checked[1] += some.buffers()[2].size if some.buffers()[2] is not None else 0
-        differs = fast.first_difference(self._encode_pieces(some)[:2], self._routed(some)[:2])
-        if differs is None:
-            return
-        text = some[differs].as_py()
-        shown = text if len(text) <= 80 else text[:77] + "..."
-        if self.backend == fast.GIGATOKEN:
-            raise EtlError(f"tokenizer backend gigatoken gives other ids than tokenizers for {shown!r} with "
-                           f"tokenizer {self.name}; pass --tokenizer-backend hf (or auto, which falls back)")
-        warnings.warn(f"tokenizer backend: gigatoken gives other ids than tokenizers for {shown!r}; this run "
-                      "encodes with tokenizers (hf)", EtlWarning, stacklevel=2)
-        self.__dict__["_fast"] = None
+    @backend_used.setter
+    def backend_used(self, name: str | None) -> None:  # a Ray driver's: the one its workers used
+        self.content.used = name
 
     def _encode_pieces(self, pieces: pa.LargeStringArray) -> tuple[np.ndarray, np.ndarray, float]:
         """(flat int32 ids, ids per piece, seconds copying ids) from `tokenizers`: batched calls of

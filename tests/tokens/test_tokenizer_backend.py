@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from etl.errors import EtlError, EtlWarning
+from etl.tokens import backend
 from etl.tokens import gigatoken_encoder as fast
 from etl.tokens.hf_tokenizer import PIECE_BYTES, HFTokenizer
 from etl.tokens.loading import load_tokenizer
@@ -93,7 +94,7 @@ def test_gigatoken_gives_tokenizers_ids(spec: Any, data: st.DataObject) -> None:
     want = expected(reference, texts)
     arr = pa.array(texts, pa.large_string())
     plain = np.setdiff1d(np.arange(len(texts)), fast.needs_reference(arr))
-    flat, lengths = fast.encode(tok._fast, arr.take(plain))
+    flat, lengths = fast.encode(tok.content.fast, arr.take(plain))
     ends = np.cumsum(lengths)
     assert [flat[e - n : e].tolist() for e, n in zip(ends, lengths, strict=True)] == [want[i] for i in plain]
     with warnings.catch_warnings():
@@ -120,7 +121,7 @@ def test_texts_with_late_unicode_characters_go_to_tokenizers() -> None:
     assert fast.needs_reference(texts.slice(3)).tolist() == [1, 2]
     if SHARED.is_dir():  # gigatoken alone splits "/A" after U+323B0 otherwise than tokenizers
         tok, reference, _ = loaded(SHARED / "qwen2.5-tokenizer")
-        assert fast.encode(tok._fast, texts.take([2]))[0].tolist() != expected(reference, ["a\U000323b0/A"])[0]
+        assert fast.encode(tok.content.fast, texts.take([2]))[0].tolist() != expected(reference, ["a\U000323b0/A"])[0]
         assert tok.encode_texts(texts).to_pylist() == expected(reference, texts.to_pylist())
 
 
@@ -190,7 +191,7 @@ def test_auto_falls_back_to_tokenizers_on_a_wrong_id(monkeypatch: pytest.MonkeyP
 
 
 def test_a_run_is_the_same_with_every_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fast, "AUTO_MIN_BYTES", 0)  # auto: gigatoken whatever the input's size
+    monkeypatch.setattr(backend, "AUTO_MIN_BYTES", 0)  # auto: gigatoken whatever the input's size
     src = write_jsonl(tmp_path / "chats.jsonl", chats(60))
     flags = ["--tokenizer", str(local_tokenizer()), "--template", "chatml", "--no-cache"]
     manifests = {b: etl_run(src, tmp_path / b, *flags, "--tokenizer-backend", b) for b in ("hf", "auto", "gigatoken")}
@@ -218,15 +219,15 @@ def test_without_gigatoken_auto_uses_tokenizers(tmp_path: Path, monkeypatch: pyt
 def test_auto_uses_tokenizers_for_a_small_input(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "chats.jsonl", chats(30))
     flags = ["--tokenizer", str(local_tokenizer()), "--template", "chatml", "--no-cache"]
-    assert src.stat().st_size < fast.AUTO_MIN_BYTES
+    assert src.stat().st_size < backend.AUTO_MIN_BYTES
     assert etl_run(src, tmp_path / "auto", *flags)["token_cache"]["backend"] == "hf"
     big = HFTokenizer(local_tokenizer(), backend="auto")
-    big.plan(fast.AUTO_MIN_BYTES)
-    assert big.backend == "auto" and big._loading is not None and big._fast is not None
+    big.plan(backend.AUTO_MIN_BYTES)
+    assert big.content.requested == "auto" and big.content._loading is not None and big.content.fast is not None
 
 
 def test_a_run_of_cached_texts_names_no_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fast, "AUTO_MIN_BYTES", 0)
+    monkeypatch.setattr(backend, "AUTO_MIN_BYTES", 0)
     src = write_jsonl(tmp_path / "chats.jsonl", chats(3))
     flags = ["--tokenizer", str(local_tokenizer()), "--template", "chatml", "--cache", str(tmp_path / "cache")]
     assert etl_run(src, tmp_path / "cold", *flags)["token_cache"]["backend"] == "gigatoken"
