@@ -244,3 +244,38 @@ def test_without_added_tokens_empties_the_list_whatever_the_layout(layout: str) 
     text = json.dumps(spec, indent=None if layout == "spaced" else 2, separators=(" , ", " : ") if layout == "spaced" else None)
     out = json.loads(fast.without_added_tokens(text.encode()))
     assert out == {**spec, "added_tokens": []}
+
+
+# name -> (file, its first records, config's input section, tokenizer): the whole-run identity set
+REAL_RUNS = {
+    "t0": ("t0-train-50k/t0_train_50k_per_template.jsonl.gz", 400, {"type": "prompt_completion"}, "qwen2.5"),
+    "hh": ("hh-rlhf/harmless-base-test.jsonl.gz", 300, {"type": "transcript", "text_key": "chosen"}, "phi3"),
+    "demo": ("llamafactory-demo/reason_tool_use_demo_50.jsonl", 50, {"type": "chat"}, "qwen3"),
+    "glaive": ("llamafactory-demo/glaive_toolcall_zh_demo.json", None, {"type": "sharegpt"}, "qwen2.5"),
+}
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/data")
+@pytest.mark.parametrize("name", list(REAL_RUNS))
+def test_real_runs_are_byte_identical_with_either_backend(name: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+    import itertools
+
+    monkeypatch.setattr(backend, "AUTO_MIN_BYTES", 0)
+    file, records, section, tok = REAL_RUNS[name]
+    path = SHARED / file
+    src = tmp_path / path.name.removesuffix(".gz")
+    if records is None:
+        src.write_bytes(path.read_bytes())
+    else:
+        with gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8") as f:
+            src.write_text("".join(itertools.islice(f, records)), encoding="utf-8")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"input": section}))
+    flags = ["--config", str(config), "--tokenizer", str(SHARED / f"{tok}-tokenizer"), "--no-cache"]
+    auto = etl_run(src, tmp_path / "auto", *flags)
+    hf = etl_run(src, tmp_path / "hf", *flags, "--tokenizer-backend", "hf")
+    assert (auto["token_cache"]["backend"], hf["token_cache"]["backend"]) == ("gigatoken", "hf")
+    assert auto["counts"]["written"] > 0
+    assert output_digests(tmp_path / "auto") == output_digests(tmp_path / "hf")
