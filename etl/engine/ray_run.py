@@ -27,6 +27,7 @@ from etl.ingest.discover import Source
 from etl.output.part_writer import PartWriter, StagedParts
 from etl.pipeline.accounting import Counts, Timings
 from etl.pipeline.driver import RunSource, drive
+from etl.tokens.backend import settle
 
 if TYPE_CHECKING:
     from etl.cache.parsed import ParsedChunks
@@ -84,16 +85,18 @@ def _pipeline(sources: list[Source], res: Resources, staging: Path, *, cpus: int
         parsed = parsed.join(earlier, "left_outer", num_partitions=partitions, on=("file", "chunk"))
         parsed = parsed.repartition(target_num_rows_per_block=1)
     return parsed.map_batches(
-        ChunkProcessor, fn_constructor_kwargs={"config": for_workers(cfg), "sources": sources, "staging": str(staging),
+        ChunkProcessor, fn_constructor_kwargs={"config": for_workers(cfg, size), "sources": sources, "staging": str(staging),
                                                "identity": identity, "threads": THREADS_PER_ACTOR, "cache": cache},
         batch_size=1, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=ACTOR_CPUS,
     )
 
 
-def for_workers(config: RunConfig) -> RunConfig:
+def for_workers(config: RunConfig, input_bytes: int = 0) -> RunConfig:
     """The config as workers need it: a tokenizer path made absolute, since a worker's working
-    directory is its node's (a `ray start` cluster's, not the driver's). Pass `Resources.config`:
-    its template and default system prompt are resolved (`auto` decided once, on the driver)."""
+    directory is its node's (a `ray start` cluster's, not the driver's), and the tokenizer backend
+    settled for the run's `input_bytes` as a local run settles it. Pass `Resources.config`: its
+    template and default system prompt are resolved (`auto` decided once, on the driver)."""
+    config = config.replace(tokenizer_backend=settle(config.tokenizer_backend, input_bytes))
     if config.tokenizer == "bytes" or not Path(config.tokenizer).exists():
         return config
     return config.replace(tokenizer=str(Path(config.tokenizer).absolute()))

@@ -34,6 +34,12 @@ VERIFY_TEXTS = 2000
 VERIFY_BYTES = 256 << 10
 
 
+def settle(requested: str, input_bytes: int) -> str:
+    """The backend a run over `input_bytes` of input asks for: `auto` under AUTO_MIN_BYTES is `hf`
+    (gigatoken's fixed cost would exceed what it saves); the local engine and Ray workers alike."""
+    return HF if requested == AUTO and input_bytes < AUTO_MIN_BYTES else requested
+
+
 class ContentBackend:
     """The backend `requested` (auto, hf, gigatoken) for tokenizer.json `raw` named `name`;
     `used`: the one that encoded the last texts (None: none yet)."""
@@ -47,7 +53,7 @@ class ContentBackend:
 
     def plan(self, input_bytes: int, *, preload: bool) -> None:
         """Settle `auto` for a run over `input_bytes` of input; `preload`: start loading gigatoken."""
-        if self.requested == AUTO and input_bytes < AUTO_MIN_BYTES:
+        if settle(self.requested, input_bytes) == HF:
             self.requested, self._raw = HF, None
         elif preload:
             self.preload()

@@ -161,6 +161,10 @@ def test_workers_get_an_absolute_tokenizer_path(tmp_path: Path, monkeypatch: pyt
     monkeypatch.chdir(tmp_path)
     assert for_workers(RunConfig(tokenizer="tok")).tokenizer == str(tmp_path / "tok")
     assert for_workers(RunConfig()).tokenizer == "bytes"
+    # the tokenizer backend as a local run settles it: auto on a small input is tokenizers
+    assert for_workers(RunConfig(), 1000).tokenizer_backend == "hf"
+    assert for_workers(RunConfig(), 1 << 30).tokenizer_backend == "auto"
+    assert for_workers(RunConfig(tokenizer_backend="gigatoken"), 1000).tokenizer_backend == "gigatoken"
     assert for_workers(RunConfig(tokenizer="missing")).tokenizer == "missing"  # the driver reports it
 
 
