@@ -91,12 +91,13 @@ def _pipeline(sources: list[Source], res: Resources, staging: Path, *, cpus: int
     )
 
 
-def for_workers(config: RunConfig, input_bytes: int = 0) -> RunConfig:
+def for_workers(config: RunConfig, input_bytes: int | None = None) -> RunConfig:
     """The config as workers need it: a tokenizer path made absolute, since a worker's working
     directory is its node's (a `ray start` cluster's, not the driver's), and the tokenizer backend
     settled for the run's `input_bytes` as a local run settles it. Pass `Resources.config`: its
     template and default system prompt are resolved (`auto` decided once, on the driver)."""
-    config = config.replace(tokenizer_backend=settle(config.tokenizer_backend, input_bytes))
+    if input_bytes is not None and (settled := settle(config.tokenizer_backend, input_bytes)) != config.tokenizer_backend:
+        config = config.replace(tokenizer_backend=settled)
     if config.tokenizer == "bytes" or not Path(config.tokenizer).exists():
         return config
     return config.replace(tokenizer=str(Path(config.tokenizer).absolute()))

@@ -185,9 +185,9 @@ class LocalEngine:
         self.kept = open_parsed(cache, config.tokenizer)
         self.first, res = _start_parsing(config, files[0], timings, self.parsing, reads=sources[0].config,
                                         cache=cache, kept=self.kept)
-        if hasattr(res.tokenizer, "plan"):  # the tokenizer backend, by the run's input size
-            res.tokenizer.plan(sum(s.size() for fs in files for s in fs))
         with res.encoder, self.first:
+            if hasattr(res.tokenizer, "plan"):  # the tokenizer backend, by the run's input size
+                res.tokenizer.plan(sum(s.size() for fs in files for s in fs))
             yield res
         timings.update(res.encoder.saving())  # `--timings`: the seconds the token cache saved
 

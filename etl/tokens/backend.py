@@ -52,9 +52,13 @@ class ContentBackend:
         self._checked = [0, 0]  # texts and bytes both encoders have seen
 
     def plan(self, input_bytes: int, *, preload: bool) -> None:
-        """Settle `auto` for a run over `input_bytes` of input; `preload`: start loading gigatoken."""
+        """Settle `auto` for a run over `input_bytes` of input; `preload`: start loading gigatoken
+        (`gigatoken` asked for by name loads now: a tokenizer it cannot read stops the run here,
+        with one line, before any chunk is processed)."""
         if settle(self.requested, input_bytes) == HF:
             self.requested, self._raw = HF, None
+        elif self.requested == GIGATOKEN:
+            self.fast  # noqa: B018 - raises EtlError now
         elif preload:
             self.preload()
 

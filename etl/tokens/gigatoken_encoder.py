@@ -51,7 +51,8 @@ def load(raw: bytes, name: str) -> Any:
     try:
         return gigatoken.Tokenizer.from_json(without_added_tokens(raw))
     except Exception as exc:  # gigatoken raises plain Exceptions for models it does not support
-        raise EtlError(f"tokenizer backend gigatoken cannot read tokenizer {name} ({exc}); "
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__  # its first line
+        raise EtlError(f"tokenizer backend gigatoken cannot read tokenizer {name} ({why}); "
                        "pass --tokenizer-backend hf or auto") from exc
 
 

@@ -279,3 +279,23 @@ def test_real_runs_are_byte_identical_with_either_backend(name: str, tmp_path: P
     assert (auto["token_cache"]["backend"], hf["token_cache"]["backend"]) == ("gigatoken", "hf")
     assert auto["counts"]["written"] > 0
     assert output_digests(tmp_path / "auto") == output_digests(tmp_path / "hf")
+
+
+def test_a_tokenizer_gigatoken_cannot_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from etl.cli import main
+
+    monkeypatch.setattr(backend, "AUTO_MIN_BYTES", 0)
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["hello world, it's a test"] * 5, trainers.WordPieceTrainer(
+        vocab_size=60, special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"]))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    src = write_jsonl(tmp_path / "chats.jsonl", chats(3))
+    flags = ["--tokenizer", str(tmp_path / "tokenizer.json"), "--template", "chatml", "--no-cache", "--quiet"]
+    assert etl_run(src, tmp_path / "auto", *flags[:-1])["token_cache"]["backend"] == "hf"
+    assert main(["run", str(src), str(tmp_path / "forced"), *flags, "--tokenizer-backend", "gigatoken"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gigatoken cannot read tokenizer" in err[0] and "WordPiece" in err[0], err
