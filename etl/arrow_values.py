@@ -52,3 +52,8 @@ def valid_mask(values: pa.Array) -> np.ndarray:
         return np.ones(len(values), bool)
     bits = np.unpackbits(np.frombuffer(values.buffers()[0], np.uint8), bitorder="little")
     return bits[values.offset : values.offset + len(values)].astype(bool)
+
+
+def string_offsets(texts: pa.LargeStringArray) -> np.ndarray:
+    """The len + 1 int64 offsets of a large_string array into its data buffer (a view)."""
+    return np.frombuffer(texts.buffers()[1], np.int64)[texts.offset : texts.offset + len(texts) + 1]

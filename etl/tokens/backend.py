@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from etl.arrow_values import string_offsets
 from etl.errors import EtlError, EtlWarning
 from etl.tokens import gigatoken_encoder as fast
 from etl.tokens.gigatoken_encoder import AUTO, GIGATOKEN, HF
@@ -113,7 +114,7 @@ class ContentBackend:
     def _verify(self, pieces: pa.LargeStringArray, reference: Callable[[pa.LargeStringArray], Encoded]) -> None:
         """Compare both on texts spread over `pieces`; on a difference `auto` drops gigatoken."""
         index = fast.sample(len(pieces), VERIFY_TEXTS - self._checked[0])
-        offsets = np.frombuffer(pieces.buffers()[1], np.int64)[pieces.offset : pieces.offset + len(pieces) + 1]
+        offsets = string_offsets(pieces)
         within = np.cumsum(np.diff(offsets)[index]) <= VERIFY_BYTES - self._checked[1]
         if not within.all():  # fewer texts, still spread over the chunk: about VERIFY_BYTES of them
             index = fast.sample(len(pieces), max(1, int(within.sum())))

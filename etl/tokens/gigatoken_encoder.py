@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from etl.arrow_values import string_offsets
 from etl.errors import EtlError
 from etl.tokens.unicode_unassigned import UNASSIGNED
 
@@ -85,7 +86,7 @@ def _as_awkward(texts: pa.LargeStringArray) -> Any:
     # awkward: a dependency of gigatoken, imported with it
     import awkward as ak
 
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[texts.offset : texts.offset + len(texts) + 1]
+    offsets = string_offsets(texts)
     data = texts.buffers()[2]
     chars = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
     content = ak.contents.NumpyArray(chars, parameters={"__array__": "char"})
@@ -95,7 +96,7 @@ def _as_awkward(texts: pa.LargeStringArray) -> Any:
 
 def encode(tok: Any, texts: pa.LargeStringArray) -> tuple[np.ndarray, np.ndarray]:
     """(flat int32 ids, ids per text) of the texts, in calls of about FAST_BYTES of text."""
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[texts.offset : texts.offset + len(texts) + 1]
+    offsets = string_offsets(texts)
     flats, lengths = [np.zeros(0, np.int32)], [np.zeros(0, np.int64)]
     start = 0
     while start < len(texts):
@@ -160,7 +161,7 @@ def needs_reference(texts: pa.LargeStringArray) -> np.ndarray:
     Decodes only the lead bytes of multi-byte characters (ASCII text costs one comparison a
     byte): ~20 ms per MiB of CJK text, ~2 ms per MiB of English.
     """
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[texts.offset : texts.offset + len(texts) + 1]
+    offsets = string_offsets(texts)
     data = texts.buffers()[2]
     if data is None or len(texts) == 0:
         return np.zeros(0, np.int64)

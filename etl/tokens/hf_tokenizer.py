@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from etl.arrow_values import string_offsets
 from etl.errors import EtlError
 from etl.tokens.backend import ContentBackend
 from etl.tokens.cutting import cut_points, cuttable
@@ -153,7 +154,7 @@ class HFTokenizer:
             timings: when given, receives the seconds of the ids copy under `IDS_TIMING`.
         """
         arr = as_large_string(texts)
-        bounds = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+        bounds = string_offsets(arr)
         data = arr.buffers()[2]
         raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
         cuts = [np.zeros(0, np.int64)]
@@ -193,7 +194,7 @@ class HFTokenizer:
         """(flat int32 ids, ids per piece, seconds copying ids) from `tokenizers`: batched calls of
         at most ENCODE_CHUNK pieces and about ENCODE_BYTES of text; the tokenizer's batched call
         is the one per-text step the pipeline has (content is tokenized per turn in one batched call)."""
-        edges = np.frombuffer(pieces.buffers()[1], dtype=np.int64)[pieces.offset : pieces.offset + len(pieces) + 1]
+        edges = string_offsets(pieces)
         flats, lengths = [np.zeros(0, np.int32)], [np.zeros(0, np.int64)]
         start, ids_seconds = 0, 0.0
         while start < len(pieces):

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
-from etl.arrow_values import from_numpy
+from etl.arrow_values import from_numpy, string_offsets
 from etl.errors import EtlError
 
 BYTES = "bytes"
@@ -89,7 +89,7 @@ class ByteTokenizer:
     def encode_texts(self, texts: pa.Array, *, timings: Counter[str] | None = None) -> pa.LargeListArray:
         """Ids of every text: a view of its UTF-8 bytes (nothing to time apart, so `timings` is unused)."""
         arr = as_large_string(texts)
-        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+        offsets = string_offsets(arr)
         data = arr.buffers()[2]
         raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
         flat = raw[offsets[0] : offsets[-1]].astype(np.int32)
