@@ -75,7 +75,13 @@ MANIFEST_PACKS = "packs"
 PACK_STRATEGIES = ("bfd", "ffd", "sequential", "stream")
 # `input.type` names, the record layouts `etl run` reads; etl.formats.builders.BUILDERS maps each
 # to its builder (a test keeps the two equal). Kept here so `etl run --help` imports no DuckDB.
-INPUT_TYPES = ("chat", "sharegpt", "instruction", "prompt_completion", "text", "transcript")
+INPUT_TYPES = ("chat", "sharegpt", "instruction", "prompt_completion", "text", "transcript", "preference",
+               "unpaired")
+# What one `data` row is (the manifest's `kind`): an SFT example, a preference pair (prompt, chosen,
+# rejected), or an unpaired completion with a bool label (KTO). The input type decides it.
+KINDS = ("sft", "preference", "unpaired")
+PAIR_KINDS = {"preference": "preference", "unpaired": "unpaired"}  # input type -> kind (else sft)
+MANIFEST_KIND = "kind"
 # The side of an example longer than S that a packer or the loader cuts: right keeps its first S
 # tokens, left its last S (`--truncation`, `truncation=`; not the run's turn policies).
 CUT_SIDES = ("right", "left")
@@ -101,6 +107,24 @@ NUM_TRAINED = "num_trained"
 NUM_TURNS = "num_turns"
 NUM_TURNS_DROPPED = "num_turns_dropped"
 TRUNCATED = "truncated"
+
+# `data` columns of preference pairs and unpaired completions (contract; TRL's names). `prompt_ids +
+# chosen_ids` is the whole chosen conversation as the template renders it; a mask is True where a
+# completion token is trained (False on a tool result inside a multi-turn completion).
+PROMPT_IDS = "prompt_ids"
+CHOSEN_IDS = "chosen_ids"
+REJECTED_IDS = "rejected_ids"
+COMPLETION_IDS = "completion_ids"
+CHOSEN_MASK = "chosen_mask"
+REJECTED_MASK = "rejected_mask"
+COMPLETION_MASK = "completion_mask"
+NUM_PROMPT_TOKENS = "num_prompt_tokens"
+NUM_CHOSEN_TOKENS = "num_chosen_tokens"
+NUM_REJECTED_TOKENS = "num_rejected_tokens"
+NUM_COMPLETION_TOKENS = "num_completion_tokens"
+SCORE_CHOSEN = "score_chosen"
+SCORE_REJECTED = "score_rejected"
+LABEL = "label"
 
 # `turns` columns (contract) beyond ID / NUM_TOKENS.
 TURN_INDEX = "turn_index"

@@ -26,7 +26,9 @@ from etl.config.declare import Section, key
 
 # What the run does with a conversation longer than S, turn by turn (the loader and the packers
 # cut an example's tokens instead: etl.columns.CUT_SIDES).
-TurnPolicy = Literal["drop_oldest_turns", "keep_prefix", "right", "drop"]
+# keep_start / keep_end cut preference pairs (etl.pipeline.pair_truncation); the others are SFT's.
+TurnPolicy = Literal["drop_oldest_turns", "keep_prefix", "right", "drop", "keep_start", "keep_end"]
+PairFit = Literal["separate", "shared"]
 Eot = Literal["turn", "last", "all", "none"]
 ReasoningTurns = Literal["all", "last", "none"]
 DedupMode = Literal["prefix200", "exact"]
@@ -84,7 +86,11 @@ class Truncation(Section):
     """`truncation`: a policy name, or {policy = ...}."""
 
     policy: TurnPolicy = key("drop_oldest_turns", "what to do with conversations longer than S (text "
-                             "input: right)", flag="--truncation")
+                             "input: right; preference data: drop_oldest_turns, keep_start, keep_end or drop)",
+                             flag="--truncation")
+    pair_fit: PairFit = key("separate", "preference pairs fit S as prompt + the longer completion (separate "
+                            "rows, TRL's layout) or as prompt + chosen + rejected (shared: the prefix-shared "
+                            "packed layout)", flag="--pair-fit")
 
 
 class MaskTokens(Section):

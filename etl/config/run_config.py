@@ -18,6 +18,7 @@ from etl.config.file import (
     Eot,
     MixBy,
     MixTotal,
+    PairFit,
     ReasoningTurns,
     TokenizerBackend,
     TurnPolicy,
@@ -91,6 +92,7 @@ class RunConfig(Settings):
     default_system: str | None = at("default_system")
     mask: MaskOptions = MaskOptions()
     truncation: TurnPolicy = at("truncation.policy")
+    pair_fit: PairFit = at("truncation.pair_fit")
     deduplicate: bool = at("preprocessing.deduplicate")
     dedup_mode: DedupMode = at("preprocessing.dedup_mode")
     max_items: int | None = at("preprocessing.max_items")

@@ -50,13 +50,16 @@ class BuilderQuery:
     """SQL over the relation `raw` plus its bound parameters; longer records are rejected unparsed.
 
     `unread`, for builders of message lists, warns once per query (a run) about message fields
-    the query does not read (`etl.formats.unread_fields`).
+    the query does not read (`etl.formats.unread_fields`). `compose`, for input types parsed by
+    other builders' queries (preference pairs), is `(con, raw, run_builder) -> table` and runs
+    instead of `sql`, which then only names the parse (the parsed-chunk cache keys on it).
     """
 
     sql: str
     params: dict[str, Any]
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     unread: _FieldCheck | None = field(default=None, compare=False, repr=False)
+    compose: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
 
 Builder = Callable[..., BuilderQuery]  # `(*, roles, **options) -> BuilderQuery`

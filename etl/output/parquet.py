@@ -52,6 +52,22 @@ DATA_SCHEMA = pa.schema(
 )
 
 
+_COMMON = [(c.ID, pa.string()), (c.SOURCE_FILE, pa.string()), (c.SOURCE_LINE, pa.int64()), (c.DOMAIN, pa.string()),
+           (c.SPLIT, pa.string())]
+_IDS, _MASK = pa.list_(pa.int32()), pa.list_(pa.bool_())
+_TAIL = [(c.NUM_TURNS, pa.int32()), (c.NUM_TURNS_DROPPED, pa.int32()), (c.TRUNCATED, pa.bool_())]
+# One row per preference pair / unpaired completion (the manifest's `kind`; etl.columns names them).
+PAIR_SCHEMA = pa.schema(_COMMON + [
+    (c.PROMPT_IDS, _IDS), (c.CHOSEN_IDS, _IDS), (c.REJECTED_IDS, _IDS), (c.CHOSEN_MASK, _MASK),
+    (c.REJECTED_MASK, _MASK), (c.NUM_PROMPT_TOKENS, pa.int32()), (c.NUM_CHOSEN_TOKENS, pa.int32()),
+    (c.NUM_REJECTED_TOKENS, pa.int32()), (c.NUM_TOKENS, pa.int32()), (c.SCORE_CHOSEN, pa.float64()),
+    (c.SCORE_REJECTED, pa.float64())] + _TAIL)
+UNPAIRED_SCHEMA = pa.schema(_COMMON + [
+    (c.PROMPT_IDS, _IDS), (c.COMPLETION_IDS, _IDS), (c.COMPLETION_MASK, _MASK), (c.NUM_PROMPT_TOKENS, pa.int32()),
+    (c.NUM_COMPLETION_TOKENS, pa.int32()), (c.NUM_TOKENS, pa.int32()), (c.LABEL, pa.bool_())] + _TAIL)
+KIND_SCHEMAS = {"preference": PAIR_SCHEMA, "unpaired": UNPAIRED_SCHEMA}
+
+
 def data_schema(*, weights: bool) -> pa.Schema:
     """The `data` schema; with per-message weights it gains `loss_weight` list<float32>."""
     return DATA_SCHEMA.append(pa.field(c.LOSS_WEIGHT, pa.list_(pa.float32()))) if weights else DATA_SCHEMA

@@ -30,6 +30,7 @@ class Counts:
     tokens: int = 0
     trained_tokens: int = 0
     repeated: int | None = None  # a mixture's extra copies of records (rows = written + repeated)
+    over_shared: int = 0  # preference pairs written whose prompt + chosen + rejected exceeds S
     dropped: Counter[str] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)
     # Records read per input file, for the warning that says how much of a damaged file was kept.
@@ -48,6 +49,7 @@ class Counts:
         self.truncated += other.truncated
         self.tokens += other.tokens
         self.trained_tokens += other.trained_tokens
+        self.over_shared += other.over_shared
         if other.repeated is not None:
             self.repeated = (self.repeated or 0) + other.repeated
         self.dropped.update(other.dropped)
@@ -67,7 +69,7 @@ class Counts:
             "rejected": {k: v for k, v in sorted(self.rejected.items()) if v},
             "tokens": self.tokens,
             "trained_tokens": self.trained_tokens,
-            **({"incomplete": self.incomplete} if incomplete else {}),
+            **({"incomplete": self.incomplete, "over_shared": self.over_shared} if incomplete else {}),
         }
 
     @classmethod
@@ -76,7 +78,7 @@ class Counts:
         return cls(read=data["read"], written=data["written"], truncated=data["truncated"], tokens=data["tokens"],
                    trained_tokens=data["trained_tokens"], repeated=data.get("repeated"),
                    dropped=Counter(data["dropped"]), rejected=Counter(data["rejected"]),
-                   incomplete=list(data.get("incomplete", [])))
+                   incomplete=list(data.get("incomplete", [])), over_shared=data.get("over_shared", 0))
 
 
 class Timings(Counter[str]):

@@ -23,6 +23,7 @@ from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_table
 from etl.output.part_writer import PartWriter
 from etl.pipeline.accounting import Counts, Timings, tally
 from etl.pipeline.build import build_examples, records_frame
+from etl.pipeline.pairs import write_pairs
 from etl.pipeline.resources import Resources
 
 NO_TRAINED = "no_trained_tokens"
@@ -101,12 +102,24 @@ def process_chunk(source: Source, parsed: pa.Table, state: RunState) -> None:
             keys, draws = record_keys(
                 res.con, good, source=source.name, exact=cfg.dedup_mode == "exact", split_seed=cfg.split_seed
             )
+            if "rejected" in good.column_names:  # a pair repeats when both its conversations do
+                other, _ = record_keys(res.con, good.select([c.SOURCE_LINE, "rejected"]).rename_columns(
+                    [c.SOURCE_LINE, "messages"]), source=source.name, exact=cfg.dedup_mode == "exact",
+                    split_seed=cfg.split_seed)
+                keys = keys * np.uint64(0x9E3779B97F4A7C15) ^ other
         if cfg.deduplicate:
             fresh = state.dedup.keep(keys)
             counts.dropped[DUPLICATE] += int((~fresh).sum())
             good, draws = good.filter(pa.array(fresh)), draws[fresh]
             if good.num_rows == 0:
                 return
+    if cfg.input_type in c.PAIR_KINDS:
+        with timings.timed("pairs"):
+            bad = write_pairs(source.name, good, domains(good, state.domain), splits(draws, cfg.val_fraction),
+                              res=res, counts=counts, parts=state.parts, timings=timings)
+        if bad is not None:
+            state.parts.write(c.REJECTS_DIR, _rejects_table(source, bad))
+        return
     records = records_frame(
         source.name, good, domain=domains(good, state.domain), split=splits(draws, cfg.val_fraction)
     )

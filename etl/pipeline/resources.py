@@ -23,6 +23,7 @@ from etl.formats.builders import BUILDERS, BuilderQuery, connect
 from etl.ingest.discover import Source
 from etl.output.parquet import identity_of
 from etl.pipeline.accounting import Counts
+from etl.pipeline.pair_truncation import PAIR_ONLY, pair_policy
 from etl.pipeline.reasoning import ReasoningRender
 from etl.pipeline.startup import builder_query_for
 from etl.tokens.hf_template import load_template_and_tokenizer, own_default_system
@@ -91,6 +92,12 @@ def _check_input_type(config: RunConfig) -> None:
         raise EtlError(
             f"input type {config.input_type!r} is not one of {', '.join(sorted(BUILDERS))}"
         )
+    if config.input_type in c.PAIR_KINDS:
+        pair_policy(config.truncation)  # an SFT-only policy stops the run here, saying which apply
+    elif config.truncation in PAIR_ONLY:
+        raise EtlError(f"truncation {config.truncation!r} applies to preference data (input types "
+                       f"{', '.join(c.PAIR_KINDS)}); for conversations use drop_oldest_turns, keep_prefix, right "
+                       "or drop")
 
 
 def build_resources(
@@ -201,6 +208,9 @@ def manifest_for(res: Resources, sources: list[Source], counts: Counts, *, run_i
         **_settings(res, sources),
         c.RUN_ID: run_id,
         "counts": counts.to_json(),
+        c.MANIFEST_KIND: (kind := c.PAIR_KINDS.get(res.config.input_type, "sft")),
+        **({"preference": {"fit": res.config.pair_fit, "over_shared_seq_len": counts.over_shared}}
+           if kind == "preference" else {}),
         "incomplete_inputs": counts.incomplete,
         # Where the run's ids came from (the cache, or the tokenizer backend that encoded the rest:
         # the same ids either way): the one entry that differs between a run and its rerun.

@@ -37,6 +37,7 @@ from etl.columns import (
 )
 from etl.config.file import TURN_POLICIES
 from etl.errors import EtlError
+from etl.pipeline.pair_truncation import PAIR_ONLY, PAIR_TRUNCATION_FNS
 from etl.pipeline.truncation import TRUNCATION_FNS, plan_truncation
 
 S, BOS, EOS = 12, 1, 1
@@ -157,4 +158,6 @@ def test_unknown_policy_names_the_allowed_ones() -> None:
 
 
 def test_every_configurable_policy_has_a_rule() -> None:
-    assert tuple(TRUNCATION_FNS) == TURN_POLICIES
+    """Every policy is a conversation rule or a preference pair's (keep_start / keep_end)."""
+    assert tuple(TRUNCATION_FNS) + PAIR_ONLY == TURN_POLICIES
+    assert set(PAIR_TRUNCATION_FNS) <= set(TURN_POLICIES)
