@@ -1,8 +1,8 @@
 """`etl report`: one self-contained HTML page of an etl output's statistics.
 
 Figures come from the `sql/` queries (`etl.analysis.stats`); plots are matplotlib PNGs
-(`etl.analysis.report_plots`) embedded as base64, so the page opens anywhere with no network and
-no extra files.
+(`etl.analysis.report_plots`; for preference and unpaired outputs `etl.analysis.pair_report`)
+embedded as base64, so the page opens anywhere with no network and no extra files.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from etl.analysis import pair_report
+from etl.analysis.pair_stats import SFT, output_kind
 from etl.analysis.report_plots import matplotlib_figure, plots
-from etl.analysis.stats import QUERY_ORDER, default_bin_width, run_queries, run_query
+from etl.analysis.stats import QUERY_ORDER, default_bin_width, query_names, run_queries, run_query
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
 
@@ -92,13 +94,21 @@ def build_report(dst: str | os.PathLike[str], *, title: str | None = None) -> st
 
     matplotlib_figure()  # before any query: a missing optional dependency fails in milliseconds
     manifest = read_manifest(dst)
+    kind = output_kind(manifest)
     results = run_queries(dst, bin_width=histogram_bin_width(dst))
+    facts = _facts(dst, manifest)
+    if kind == SFT:
+        figures, tables, notes = plots(results, manifest.get("seq_len")), TABLES, NOTES
+    else:  # a preference or unpaired output: its own plots, tables and facts
+        figures = pair_report.pair_plots(results, manifest.get("seq_len"), kind)
+        tables = tuple(n for n in query_names(kind) if n not in pair_report.PLOTTED_ONLY)
+        notes, facts = pair_report.NOTES, facts + pair_report.pair_facts(manifest, kind)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     return env.from_string(PAGE).render(
         title=title or f"etl report: {dst}",
-        facts=_facts(dst, manifest),
-        plots=plots(results, manifest.get("seq_len")),
-        tables=[_table(name, results[name]) for name in TABLES],
+        facts=facts,
+        plots=figures,
+        tables=[_table(name, results[name], notes) for name in tables],
         zip=zip,
     )
 
@@ -108,8 +118,13 @@ def histogram_bin_width(dst: str | os.PathLike[str]) -> int:
 
     Bins over 0..S would put short data under a long S (100-token chats, S = 32k) into the
     first bin or two; ~`etl.analysis.stats.HISTOGRAM_BINS` bins over the data's own range show its shape.
+    A preference or unpaired output: over its longest prompt or completion (the parts drawn).
     """
-    longest = [v for v in run_query(dst, "lengths").column("max").to_pylist() if v is not None]
+    if output_kind(read_manifest(dst)) == SFT:
+        longest = [v for v in run_query(dst, "lengths").column("max").to_pylist() if v is not None]
+    else:
+        rows = run_query(dst, "part_lengths").to_pylist()
+        longest = [r["max"] for r in rows if r["part"] != "total" and r["max"] is not None]
     return default_bin_width(max(longest, default=1))
 
 
@@ -153,7 +168,7 @@ def _mixture_facts(manifest: dict[str, Any]) -> list[tuple[str, Any]]:
     ]
 
 
-def _table(name: str, table: pa.Table) -> dict[str, Any]:
+def _table(name: str, table: pa.Table, notes: dict[str, str]) -> dict[str, Any]:
     shown = table.slice(0, LISTING_ROWS) if name in ("zero_trained", "untrained_eot") else table
     columns = [
         (f.name, "" if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) else "s")
@@ -162,7 +177,7 @@ def _table(name: str, table: pa.Table) -> dict[str, Any]:
     rows = [[_cell(v) for v in row.values()] for row in shown.to_pylist()]
     return {
         "name": name,
-        "note": NOTES.get(name, ""),
+        "note": notes.get(name, ""),
         "columns": columns,
         "rows": rows,
         "more": table.num_rows - shown.num_rows,

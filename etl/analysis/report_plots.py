@@ -28,7 +28,7 @@ def plots(results: dict[str, pa.Table], seq_len: int | None) -> list[dict[str, s
     The mixture plot comes only for a mixture run (the `mixture` query has rows only then).
     """
     figures = [
-        _plot_png(
+        plot_png(
             "Example lengths",
             "Examples per length bin, per split, over the data's range; dashed: seq_len "
             "(named under the axis when it lies beyond).",
@@ -36,30 +36,30 @@ def plots(results: dict[str, pa.Table], seq_len: int | None) -> list[dict[str, s
             results["length_histogram"],
             seq_len,
         ),
-        _plot_png(
+        plot_png(
             "Tokens by role (trained share)",
             "Kept tokens per role, trained or not, and tokens of dropped turns.",
             draw_roles,
             results["roles"],
         ),
-        _plot_png(
+        plot_png(
             "Turns per example",
             "Turns per conversation (dropped ones included), per split; "
             "hatched: examples that lost turns to truncation.",
             draw_turns,
             results["turns_per_example"],
         ),
-        _plot_png(
+        plot_png(
             "Where examples went",
             "Manifest counts: written, truncated, dropped and rejected.",
-            _draw_drops,
+            draw_drops,
             results["drops"],
         ),
     ]
     mixture = results.get("mixture")
     if mixture is not None and mixture.num_rows:
         figures.append(
-            _plot_png(
+            plot_png(
                 MIXTURE_TITLE,
                 "Each source's share of the mixed data, asked for and recounted from the data "
                 "(unit: the run's mix_by); over each pair: realised - requested, in points.",
@@ -70,7 +70,7 @@ def plots(results: dict[str, pa.Table], seq_len: int | None) -> list[dict[str, s
     return figures
 
 
-def _plot_png(title: str, caption: str, draw: Callable[..., None], *args: Any) -> dict[str, str]:
+def plot_png(title: str, caption: str, draw: Callable[..., None], *args: Any) -> dict[str, str]:
     """The figure as a base64 PNG with its title and caption, as the page embeds it."""
     buf = io.BytesIO()
     figure(title, draw, *args).savefig(buf, format="png")
@@ -189,7 +189,7 @@ def draw_turns(ax: Any, turns: pa.Table) -> None:
     ax.set_ylabel("examples")
 
 
-def _draw_drops(ax: Any, drops: pa.Table) -> None:
+def draw_drops(ax: Any, drops: pa.Table) -> None:
     """The manifest's counts per stage and reason, as horizontal bars."""
     r = drops.to_pydict()
     labels, values, colors = [], [], []

@@ -1,9 +1,10 @@
 """Token statistics of an etl output: run the DuckDB queries of `sql/` over DST, get Arrow tables.
 
-One query per file `sql/<name>.sql`. Inputs are bound, never formatted in: `$data`, `$turns`,
-`$rejects`, `$packs` (lists of Parquet files), `$manifest`, `$packs_record` (paths of
-`_manifest.json`, `_packs.json`), `$bin_width`, `$seq_lens`. A query receives exactly the
-parameters it names (DuckDB rejects extra ones).
+One query per file `sql/<name>.sql`; preference and unpaired outputs (the manifest's `kind`) get
+the query set of `etl.analysis.pair_stats` (`sql/preference/`). Inputs are bound, never formatted
+in: `$data`, `$turns`, `$rejects`, `$packs` (lists of Parquet files), `$manifest`,
+`$packs_record` (paths of `_manifest.json`, `_packs.json`), `$bin_width`, `$seq_lens`. A query
+receives exactly the parameters it names (DuckDB rejects extra ones).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl import columns as C
+from etl.analysis.pair_stats import SFT, output_kind, pair_query_names, query_file
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
-from etl.output.parquet import DATA_SCHEMA, REJECTS_SCHEMA, TURNS_SCHEMA
+from etl.output.parquet import DATA_SCHEMA, KIND_SCHEMAS, REJECTS_SCHEMA, TURNS_SCHEMA
 from etl.output.parts import listed_parts, listed_splits
 from etl.packing.index import PACKS_SCHEMA
 from etl.packing.index_io import pack_files, read_record
@@ -59,28 +61,31 @@ _COMMENT = re.compile(r"--[^\n]*")
 _EMPTY_SCHEMAS = {"data": DATA_SCHEMA, "turns": TURNS_SCHEMA, "rejects": REJECTS_SCHEMA, "packs": PACKS_SCHEMA}
 
 
-def query_names() -> list[str]:
-    """Names of the available queries (`sql/*.sql` stems), in display order."""
+def query_names(kind: str = SFT) -> list[str]:
+    """Names of the queries for an output of `kind` in display order (SFT: the `sql/*.sql` stems)."""
     if not SQL_DIR.is_dir():
         raise EtlError(
             f"query folder {SQL_DIR} not found: install etl editable from its repository "
             "(pip install -e .) or set ETL_SQL_DIR to the repository's sql/ folder"
         )
+    if kind != SFT:
+        return pair_query_names(kind)
     found = {p.stem for p in SQL_DIR.glob("*.sql")}
     known = [n for n in QUERY_ORDER if n in found]
     return known + sorted(found - set(known))
 
 
-def load_query(name: str) -> str:
-    """The SQL text of query `name`.
+def load_query(name: str, kind: str = SFT) -> str:
+    """The SQL text of query `name` for an output of `kind`.
 
     Raises:
-        EtlError: when no `sql/<name>.sql` exists; the message lists the valid names.
+        EtlError: when `kind` has no query `name`; the message lists the valid names.
     """
-    names = query_names()
+    names = query_names(kind)
     if name not in names:
-        raise EtlError(f"unknown query {name!r}: choose one of {', '.join(names)}")
-    return (SQL_DIR / f"{name}.sql").read_text(encoding="utf-8")
+        of = "" if kind == SFT else f" for a {kind} output"
+        raise EtlError(f"unknown query {name!r}{of}: choose one of {', '.join(names)}")
+    return (SQL_DIR / (f"{name}.sql" if kind == SFT else query_file(name))).read_text(encoding="utf-8")
 
 
 def _query_parameters(sql: str) -> set[str]:
@@ -138,7 +143,7 @@ def run_queries(
 
     Args:
         dst: the output folder of `etl run` (holds `_manifest.json`).
-        names: queries to run; all of them (display order) when None.
+        names: queries to run; all of the output's kind (display order) when None.
         seq_lens: target lengths S of the packing estimate; the manifest's seq_len when None.
         bin_width: tokens per histogram bin; `default_bin_width(seq_len)` when None.
         threads: DuckDB threads; DuckDB's default (all cores) when None.
@@ -153,7 +158,8 @@ def run_queries(
     import duckdb  # ~0.1 s import; only the stats/report paths need it
 
     manifest = read_manifest(dst)
-    texts = {name: load_query(name) for name in (names or query_names())}
+    kind = output_kind(manifest)
+    texts = {name: load_query(name, kind) for name in (names or query_names(kind))}
     seq_len = int(manifest.get("seq_len") or C.DEFAULT_SEQ_LEN)
     values: dict[str, Any] = {
         "manifest": str(Path(dst) / C.MANIFEST_FILE),
@@ -165,7 +171,7 @@ def run_queries(
     con = duckdb.connect(config={"threads": threads} if threads else {})
     with tempfile.TemporaryDirectory(prefix="etl-stats-") as tmp:
         for group, files in input_files(dst, manifest).items():
-            values[group] = files or [_empty_parquet(Path(tmp), group)]
+            values[group] = files or [_empty_parquet(Path(tmp), group, kind)]
         if any({"packs", "packs_record"} & _query_parameters(sql) for sql in texts.values()):
             values.update(_pack_inputs(dst, manifest, Path(tmp)))
         try:
@@ -196,7 +202,8 @@ def _execute(con: Any, name: str, sql: str, values: dict[str, Any]) -> pa.Table:
         ) from exc
 
 
-def _empty_parquet(folder: Path, group: str) -> str:
+def _empty_parquet(folder: Path, group: str, kind: str = SFT) -> str:
     path = folder / f"empty-{group}.parquet"
-    pq.write_table(_EMPTY_SCHEMAS[group].empty_table(), path)
+    schema = KIND_SCHEMAS[kind] if group == "data" and kind != SFT else _EMPTY_SCHEMAS[group]
+    pq.write_table(schema.empty_table(), path)
     return str(path)

@@ -10,6 +10,9 @@ DESCRIPTION = """\
 Write one HTML page with the statistics of an etl output: length histogram, tokens by
 role (trained share), turns per example, where examples went (truncated, dropped,
 rejected), and the tables of `etl stats`. Plots are PNGs embedded in the page.
+A preference output gets prompt/chosen/rejected lengths, the chosen - rejected
+length histogram and the length bias beside score ties; an unpaired (KTO) output
+its prompt/completion lengths and label balance.
 
 example:
   etl report parquet/ -o report.html

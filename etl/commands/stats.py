@@ -16,18 +16,28 @@ DESCRIPTION = """\
 Token statistics of an etl output: lengths, trained share, roles, domains, drops and
 rejects, packing estimate, the pack index of `etl pack` (utilization per split and
 strategy), and row listings of suspicious examples. Each table is one
-DuckDB query in sql/<name>.sql.
+DuckDB query in sql/<name>.sql. A preference output (the manifest's kind) gets
+its own tables from sql/preference/: pairs and tokens, prompt/chosen/rejected
+lengths, how often chosen is longer, score ties, truncation; an unpaired (KTO)
+output: label balance and prompt/completion lengths.
 
 examples:
   etl stats parquet/
   etl stats parquet/ --query lengths --format json
   etl stats parquet/ --query packing --seq-len 2048 --seq-len 4096 --format csv
   etl stats parquet/ --query packs          # after `etl pack parquet/ --strategy bfd`
+  etl stats pairs/ --query length_bias      # a preference output
 """
 
 FORMATS = ("table", "json", "csv")
 # What an empty table means where "(no rows)" would not say it.
 EMPTY_NOTES = {"packs": "(no pack index: `etl pack DST --strategy bfd` writes one)"}
+# Histogram tables -> their count column, drawn as text bars.
+HISTOGRAMS = {
+    "length_histogram": "examples",
+    "part_length_histogram": "rows",
+    "length_difference": "pairs",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from etl.analysis.stats import query_names, run_queries
 
     if args.query == ["list"]:
-        print("\n".join(query_names()))
+        print("\n".join(query_names(_kind(args.dst))))
         return 0
     if args.format == "csv" and len(args.query or []) != 1:
         raise EtlError("--format csv prints one table: add --query NAME (see --query list)")
@@ -80,6 +90,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_tables(tables, limit=args.limit)
     return 0
+
+
+def _kind(dst: str) -> str:
+    """The output's kind for `--query list`; "sft" where DST is no readable output (the list
+    needs no data)."""
+    # pyarrow (via etl.output): only when run, not for --help
+    from etl.analysis.pair_stats import SFT, output_kind
+    from etl.output.manifest import read_manifest
+
+    try:
+        return output_kind(read_manifest(dst))
+    except (EtlError, OSError, ValueError):
+        return SFT
 
 
 def _print_json(tables: dict[str, Any]) -> None:
@@ -110,7 +133,7 @@ def _print_tables(tables: dict[str, Any], *, limit: int) -> None:
         for field in table.schema:
             numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type)
             view.add_column(field.name, justify="right" if numeric else "left")
-        bars = _bars(shown) if name == "length_histogram" else None
+        bars = _bars(shown, HISTOGRAMS[name]) if name in HISTOGRAMS else None
         if bars:
             view.add_column("", style="cyan")
         for i, row in enumerate(shown.to_pylist()):
@@ -125,9 +148,9 @@ def _print_tables(tables: dict[str, Any], *, limit: int) -> None:
             console.print(f"[dim]{EMPTY_NOTES.get(name, '(no rows)')}[/dim]")
 
 
-def _bars(table: Any, width: int = 40) -> list[str]:
+def _bars(table: Any, column: str, width: int = 40) -> list[str]:
     """A text bar per histogram row, scaled to the largest bin (a plot in the terminal)."""
-    counts = table.column("examples").to_pylist()
+    counts = table.column(column).to_pylist()
     top = max(counts, default=0)
     return [("█" * max(1, round(width * n / top)) if n else "") for n in counts] if top else []
 
