@@ -15,7 +15,7 @@ from typing import Any
 from etl import columns as c
 from etl.errors import EtlWarning
 from etl.output.ownership import tmp_of
-from etl.output.parquet import TURNS_SCHEMA, data_schema
+from etl.output.parquet import KIND_SCHEMAS, TURNS_SCHEMA, data_schema
 from etl.output.writer import OutputWriter
 
 # Config name -> folder of parts. `default` is what `load_dataset(DST)` returns.
@@ -34,7 +34,7 @@ def _split_files(files: list[dict[str, Any]], folder: str) -> dict[str, list[str
     return found
 
 
-def _front_matter(files: list[dict[str, Any]]) -> list[str]:
+def _front_matter(files: list[dict[str, Any]], kind: str = "sft") -> list[str]:
     """YAML by hand (no PyYAML dependency; fixed order, so the bytes are deterministic). Paths are
     etl's own `<folder>/<split>/part-NNNNN.parquet`: plain scalars, no glob characters."""
     lines = []
@@ -45,7 +45,7 @@ def _front_matter(files: list[dict[str, Any]]) -> list[str]:
             for split, paths in splits.items():
                 lines += [f"  - split: {split}", "    path:", *(f"    - {p}" for p in paths)]
     # No data (every record dropped): `configs: []` lets datasets say there is nothing to load.
-    return ["---", "configs:" if lines else "configs: []", *lines, "tags:", "- etl", "- sft", "---"]
+    return ["---", "configs:" if lines else "configs: []", *lines, "tags:", "- etl", f"- {kind}", "---"]
 
 
 def _rows(files: list[dict[str, Any]]) -> list[str]:
@@ -69,20 +69,49 @@ def _template_text(manifest: dict[str, Any]) -> str:
     return f"{text}, default system prompt {given}"
 
 
+# What a row is, how TRL takes it, and its columns: per output kind (the manifest's `kind`).
+_KIND_TEXT = {
+    "sft": ("SFT examples", "examples", [
+        "`ds[\"train\"]` goes to TRL's `SFTTrainer` as is: TRL builds the labels from `assistant_masks`",
+        "(a copy of `loss_mask`), so exactly the tokens etl marks are trained. Pass",
+        "`SFTConfig(max_length={seq_len})`: TRL's default of 1024 would cut longer examples."]),
+    "preference": ("preference pairs", "pairs", [
+        "Rows carry TRL's `prompt_ids`, `chosen_ids`, `rejected_ids` (`prompt_ids + chosen_ids` is the",
+        "whole chosen conversation as the template renders it): TRL's `DataCollatorForPreference` batches",
+        "them as they are. etl's loader also packs them with the prompt shared (docs/preference.md)."]),
+    "unpaired": ("unpaired completions (KTO)", "rows", [
+        "Rows carry TRL's `prompt_ids`, `completion_ids` and a bool `label` (desirable or not)."]),
+}
+
+
+def _columns(kind: str, weights: bool) -> list[str]:
+    if kind != "sft":
+        masks = "`chosen_mask` / `rejected_mask`" if kind == "preference" else "`completion_mask`"
+        return [(f"- `data/<split>/`: {', '.join(KIND_SCHEMAS[kind].names)}. {masks} is false on a completion token"
+                 " that is not trained (a tool result inside a multi-turn completion).")]
+    return [(f"- `data/<split>/`: {', '.join(data_schema(weights=weights).names)}. `loss_mask[i]`"
+             " (and `assistant_masks[i]`) is true where `input_ids[i]` is a training target."),
+            (f"- `turns/<split>/`: {', '.join(TURNS_SCHEMA.names)}; start and end are token offsets in"
+             " `input_ids` (-1: turn dropped by truncation).")]
+
+
 def card_text(files: list[dict[str, Any]], manifest: dict[str, Any], *, weights: bool) -> str:
     """The card's text, from the run's file entries and manifest only (no time, no DST path)."""
     tok, counts, seq_len = manifest["tokenizer"], manifest["counts"], manifest["seq_len"]
+    kind = manifest.get(c.MANIFEST_KIND, "sft")
+    what, rows, use = _KIND_TEXT[kind]
     sha = f", sha256 {tok['sha256'][:12]}" if tok.get("sha256") else ""
     lost = sum(counts["dropped"].values()) + sum(counts["rejected"].values())
+    turns = ['turns = load_dataset("path/to/this/folder", "turns")  # one row per turn'] if kind == "sft" else []
     return "\n".join([
-        *_front_matter(files),
+        *_front_matter(files, kind),
         "",
         "# etl output",
         "",
-        (f"Tokenized SFT examples written by `etl run` (etl {manifest['etl_version']}): tokenizer "
-         f"`{tok['name']}`{sha}, {_template_text(manifest)}, seq_len {seq_len} "
-         f"(the longest `input_ids`). Read {counts['read']:,} records, wrote {counts['written']:,} "
-         f"examples ({counts['truncated']:,} truncated), dropped or rejected {lost:,}."),
+        (f"Tokenized {what} written by `etl run` (etl {manifest['etl_version']}): tokenizer "
+         f"`{tok['name']}`{sha}, {_template_text(manifest)}, seq_len {seq_len}. Read {counts['read']:,} "
+         f"records, wrote {counts['written']:,} {rows} ({counts['truncated']:,} truncated), dropped or "
+         f"rejected {lost:,}."),
         "",
         *_rows(files),
         "",
@@ -91,20 +120,15 @@ def card_text(files: list[dict[str, Any]], manifest: dict[str, Any], *, weights:
         "```python",
         "from datasets import load_dataset",
         "",
-        'ds = load_dataset("path/to/this/folder")              # train [, validation]: one row per example',
-        'turns = load_dataset("path/to/this/folder", "turns")  # one row per turn',
+        f'ds = load_dataset("path/to/this/folder")              # train [, validation]: one row per {rows[:-1]}',
+        *turns,
         "```",
         "",
-        "`ds[\"train\"]` goes to TRL's `SFTTrainer` as is: TRL builds the labels from `assistant_masks`",
-        "(a copy of `loss_mask`), so exactly the tokens etl marks are trained. Pass",
-        f"`SFTConfig(max_length={seq_len})`: TRL's default of 1024 would cut longer examples.",
+        *(line.format(seq_len=seq_len) for line in use),
         "",
         "## Columns",
         "",
-        (f"- `data/<split>/`: {', '.join(data_schema(weights=weights).names)}. `loss_mask[i]`"
-         " (and `assistant_masks[i]`) is true where `input_ids[i]` is a training target."),
-        (f"- `turns/<split>/`: {', '.join(TURNS_SCHEMA.names)}; start and end are token offsets in"
-         " `input_ids` (-1: turn dropped by truncation)."),
+        *_columns(kind, weights),
         "",
         f"`{c.MANIFEST_FILE}` holds the config, tokenizer, template ids, counts with reasons, and",
         f"every file etl wrote (path, rows, bytes, sha256); `{c.REJECTS_DIR}/` the records it could not",
