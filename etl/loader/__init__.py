@@ -8,6 +8,10 @@ torch. The episode export and its `EpisodeDataLoader` live in `etl.export`.
         loss = model(batch["x"], batch["y"])
 
     packed = ParquetLoader("parquet/", batch_size=8, packing="bfd")  # + segment_ids, position_ids, ...
+
+Preference data (manifest kind ``preference``): padded batches as TRL's DataCollatorForPreference,
+or ``packing="bfd"``: each pair once as [prompt, chosen, rejected] (`pack_pairs`,
+`pair_hf_inputs`, `completion_logps`, `dpo_loss`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,19 @@ _EXPORTS = {
     "resolve_pad_id": "collate",
     "collate_packed": "collate_packed",
     "PACKED_COLLATE_FNS": "collate_packed",
+    "PairRows": "pairs_rows",
+    "rows_from_examples": "pairs_rows",
+    "collate_pairs": "pairs_collate",
+    "collate_unpaired": "pairs_collate",
+    "PackedPairs": "pairs_pack",
+    "pack_pairs": "pairs_pack",
+    "collate_pairs_packed": "pairs_pack",
+    "pair_mask_mod": "pairs_attention",
+    "pair_block_mask": "pairs_attention",
+    "pair_sdpa_mask": "pairs_attention",
+    "pair_hf_inputs": "pairs_attention",
+    "completion_logps": "pairs_logps",
+    "dpo_loss": "pairs_logps",
     "document_block_mask": "attention",
     "document_sdpa_mask": "attention",
     "hf_inputs": "hf_kwargs",  # not hf_inputs.py: a submodule of that name would shadow it

@@ -33,6 +33,7 @@ from etl.loader.groups import (
 from etl.loader.legacy_keywords import upgrade
 from etl.loader.options import rank_world, resolve_seq_len
 from etl.loader.pack_sampler import make_pack_sampler
+from etl.loader.pairs_loader import pair_sampler_and_collate
 from etl.loader.samplers import EpochSampler, RandomSampler
 from etl.packing.index import SPLITTING
 
@@ -47,6 +48,8 @@ class ParquetLoader:
     `load_state_dict` does it resume the rest of the saved epoch. The parts work alone with
     torch's ``DataLoader(loader.dataset, batch_sampler=loader.sampler, collate_fn=loader.collate_fn)``;
     ``loader.options`` holds the option groups as resolved (`etl.loader.groups.LoaderGroups`).
+    Preference pairs and unpaired (KTO) rows (the manifest's ``kind``) batch differently: TRL's
+    padded pairs or prefix-shared packed pairs, SFT rows plus ``label`` (`etl.loader.pairs_loader`).
 
     Args:
         dst: ``etl run`` output directory.
@@ -116,9 +119,12 @@ class ParquetLoader:
         )
         manifest = self.dataset.manifest
         self.seq_len = resolve_seq_len(seq_len, manifest.get("seq_len"), rows.truncation,
-                                        splits=pack is not None and pack.strategy in SPLITTING)
+                                        splits=pack is not None and (pack.strategy in SPLITTING  # pairs: skipped
+                                                                     or self.dataset.kind == "preference"))
         self.pad_id = resolve_pad_id(rows.pad_id, manifest)
         self.rank, self.world_size = rank_world(rank, world_size)
+        self.skipped_pairs = 0  # packed preference pairs over S, left out (etl.loader.pairs_loader)
+        self._collate_given = collate is not None
         self.device = resolve_device(device)
         weights = None if self.options.domains is None else self.options.domains.weights
         common = {"batch_size": batch_size, "seed": seed, "shuffle": shuffle, "drop_last": drop_last,
@@ -141,6 +147,9 @@ class ParquetLoader:
                              row_options: dict[str, Any]) -> tuple[Any, TorchCollate]:
         """The batch sampler and collate function of the chosen mode: padded rows or packs."""
         rows, pack = self.options.rows, self.options.packing
+        if self.dataset.kind != "sft":  # preference pairs or unpaired completions
+            return pair_sampler_and_collate(self, window=window, num_workers=num_workers, common=common,
+                                            row_options=row_options, collate_given=self._collate_given)
         if pack is None:
             assert isinstance(rows, PadOptions)
             return self._make_sampler(window=window, num_workers=num_workers, **common), TorchCollate(

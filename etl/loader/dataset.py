@@ -25,10 +25,13 @@ from etl.columns import (
     INPUT_IDS,
     LOSS_MASK,
     LOSS_WEIGHT,
+    MANIFEST_KIND,
     NUM_TOKENS,
 )
 from etl.errors import EtlError
 from etl.loader.pack_request import PackRequest
+from etl.loader.pairs_pack import LabeledPack, PackedPairs, pair_pieces
+from etl.loader.pairs_rows import PairRows, concat_rows, part_columns, read_rows
 from etl.output.manifest import read_manifest
 from etl.output.parts import fingerprint, listed_parts, listed_splits, open_part
 from etl.ragged import PackedBatch, Ragged, concat, from_arrow
@@ -38,7 +41,8 @@ class ParquetDataset(torch.utils.data.Dataset):
     """Examples of one split of an ``etl run`` output, row-group by row-group.
 
     ``dataset[i]`` returns ``{"input_ids": int32 array, "loss_mask": bool array}`` (views into the
-    cached row group); ``dataset.__getitems__(indices)`` (what DataLoader calls with a batch
+    cached row group; for the manifest kinds ``preference`` / ``unpaired``, the row's
+    ``prompt_ids``, ``chosen_ids``, ``rejected_ids`` and masks, or ``completion_ids`` and ``label``); ``dataset.__getitems__(indices)`` (what DataLoader calls with a batch
     sampler) returns one `Ragged` batch in the order asked, for the vectorized collate.
 
     Args:
@@ -77,10 +81,12 @@ class ParquetDataset(torch.utils.data.Dataset):
         self.cache_row_groups = max(1, cache_row_groups)
         self.cache_bytes = int(cache_mb * 2**20)
         schema = pq.read_schema(self.files[0])
-        self.columns = [INPUT_IDS, LOSS_MASK]
-        if weights is not False and LOSS_WEIGHT in schema.names:
+        # What a row is: an SFT example, or a preference pair / unpaired completion (`PairRows`).
+        self.kind: str = self.manifest.get(MANIFEST_KIND) or "sft"
+        self.columns = [INPUT_IDS, LOSS_MASK] if self.kind == "sft" else part_columns(self.kind, schema.names)
+        if weights is not False and LOSS_WEIGHT in schema.names and self.kind == "sft":
             self.columns.append(LOSS_WEIGHT)
-        missing = [c for c in (INPUT_IDS, LOSS_MASK) if c not in schema.names]
+        missing = [c for c in (INPUT_IDS, LOSS_MASK) if c not in schema.names and self.kind == "sft"]
         if missing:
             raise EtlError(f"{self.files[0]} lacks columns {missing}; rerun `etl run`")
         self._index_row_groups()
@@ -138,9 +144,9 @@ class ParquetDataset(torch.utils.data.Dataset):
         # starts empty instead of sharing file offsets with its parent.
         self._pid = os.getpid()
         self._handles: dict[int, pq.ParquetFile] = {}
-        self._cache: OrderedDict[int, Ragged] = OrderedDict()
+        self._cache: OrderedDict[int, Ragged | PairRows] = OrderedDict()
         self._cached_bytes = 0
-        self._whole: Ragged | None = None
+        self._whole: Ragged | PairRows | None = None
         self.row_group_reads = 0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -168,7 +174,7 @@ class ParquetDataset(torch.utils.data.Dataset):
         indices = np.where(indices < 0, indices + n, indices)
         return indices if self._rows is None else self._rows[indices]
 
-    def _row_group(self, g: int) -> Ragged:
+    def _row_group(self, g: int) -> Ragged | PairRows:
         """Decoded row group ``g`` (LRU cached; one read of its id/mask columns on a miss)."""
         if os.getpid() != self._pid:
             self._reset_process_state()
@@ -182,7 +188,7 @@ class ParquetDataset(torch.utils.data.Dataset):
             self._cached_bytes -= _nbytes(self._cache.popitem(last=False)[1])
         return ragged
 
-    def _read_group(self, g: int) -> Ragged:
+    def _read_group(self, g: int) -> Ragged | PairRows:
         f = int(self._group_file[g])
         if f not in self._handles:
             self._handles[f] = open_part(self.files[f])
@@ -191,10 +197,12 @@ class ParquetDataset(torch.utils.data.Dataset):
         except OSError as exc:  # a page checksum that fails: the part changed after the run
             raise EtlError(f"{self.files[f]}: {exc}; it changed after etl wrote it, rerun `etl run`") from exc
         self.row_group_reads += 1
+        if self.kind != "sft":
+            return read_rows(self.kind, table)
         weight = table.column(LOSS_WEIGHT) if LOSS_WEIGHT in self.columns else None
         return from_arrow(table.column(INPUT_IDS), table.column(LOSS_MASK), weight)
 
-    def _whole_split(self) -> Ragged | None:
+    def _whole_split(self) -> Ragged | PairRows | None:
         """The whole split as one `Ragged` (global rows index it) when it fits in ``cache_mb``.
 
         Packs gather examples from all over the split: on T0 a batch of 32 packs touches ~40 of
@@ -204,7 +212,7 @@ class ParquetDataset(torch.utils.data.Dataset):
         if os.getpid() != self._pid:
             self._reset_process_state()
         if self._whole is None and self._decoded_bytes <= self.cache_bytes:
-            self._whole = concat([self._read_group(g) for g in range(len(self._group_file))])
+            self._whole = _concat([self._read_group(g) for g in range(len(self._group_file))])
         return self._whole
 
     def _locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -254,6 +262,8 @@ class ParquetDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         groups, local = self._locate(self._global_rows(np.array([index], dtype=np.int64)))
         rg = self._row_group(int(groups[0]))
+        if isinstance(rg, PairRows):  # TRL's column names: prompt_ids, chosen_ids, ...
+            return rg.example(int(local[0]))
         start = int(rg.starts[local[0]])
         span = slice(start, start + int(rg.lengths[local[0]]))
         item = {INPUT_IDS: rg.ids[span], LOSS_MASK: rg.mask[span]}  # type: ignore[index]
@@ -261,27 +271,29 @@ class ParquetDataset(torch.utils.data.Dataset):
             item[LOSS_WEIGHT] = rg.weight[span]
         return item
 
-    def __getitems__(self, indices: list[int] | PackRequest) -> Ragged | PackedBatch:
-        """A whole batch in the order asked: rows (a `Ragged`), or the pieces of packs (a
-        `PackedBatch`) when the sampler is a `PackSampler`."""
+    def __getitems__(self, indices: list[int] | PackRequest) -> Ragged | PackedBatch | PairRows | PackedPairs | LabeledPack:
+        """A whole batch in the order asked: rows (a `Ragged`; `PairRows` for the pair kinds), or the
+        pieces of packs (a `PackedBatch`; `PackedPairs` / `LabeledPack`) when the sampler is a `PackSampler`."""
         if isinstance(indices, PackRequest):
             return self._pieces(indices)
         return self._take(self._global_rows(np.asarray(indices, dtype=np.int64)))
 
-    def _pieces(self, req: PackRequest) -> PackedBatch:
+    def _pieces(self, req: PackRequest) -> PackedBatch | PackedPairs | LabeledPack:
         """Each piece as a range of its example's tokens: views into the whole split when it is
         cached (no copy before the collate's gather), else its examples copied once."""
         rows = np.asarray(req.rows, dtype=np.int64)
         docs = self._whole_split()
         if docs is None:
             docs, rows = self._take(rows), np.arange(len(rows), dtype=np.int64)
+        if isinstance(docs, PairRows):
+            return pair_pieces(docs, rows, req)
         starts, lengths = docs.starts[rows], docs.lengths[rows]
         if np.any(req.start + req.length > lengths):
             raise EtlError(f"a pack reaches past its example in {self.dst}; rerun `etl pack`")
         pieces = Ragged(docs.ids, starts + req.start, req.length, docs.mask, docs.weight)
         return PackedBatch(pieces, req.row, req.segment, req.num_rows, req.trained)
 
-    def _take(self, rows: np.ndarray) -> Ragged:
+    def _take(self, rows: np.ndarray) -> Ragged | PairRows:
         """Examples at global ``rows``: one pass per row group touched (not per example)."""
         groups, local = self._locate(rows)
         parts, positions = [], []
@@ -289,12 +301,19 @@ class ParquetDataset(torch.utils.data.Dataset):
             sel = np.flatnonzero(groups == g)
             parts.append(self._row_group(int(g)).take(local[sel]))
             positions.append(sel)
-        joined = concat(parts)
+        joined = _concat(parts)
         inverse = np.empty(len(rows), dtype=np.int64)
         inverse[np.concatenate(positions)] = np.arange(len(rows))
         return joined.reorder(inverse)
 
 
-def _nbytes(r: Ragged) -> int:
+def _concat(parts: list[Any]) -> Any:
+    """Join row groups: `PairRows` (pair kinds) or `Ragged` (SFT)."""
+    return concat_rows(parts) if isinstance(parts[0], PairRows) else concat(parts)
+
+
+def _nbytes(r: Ragged | PairRows) -> int:
+    if isinstance(r, PairRows):
+        return r.nbytes
     arrays = (r.ids, r.starts, r.lengths, r.mask, r.weight)
     return sum(a.nbytes for a in arrays if a is not None)
