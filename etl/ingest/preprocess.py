@@ -116,14 +116,31 @@ def _find_or_add(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
 def record_keys(
     con: duckdb.DuckDBPyConnection, good: pa.Table, *, source: str, exact: bool, split_seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(dedup key uint64, split draw in [0, 1)) per good record of a chunk."""
-    con.register("good", good.select([c.SOURCE_LINE, "messages"]))
+    """(dedup key uint64, split draw in [0, 1)) per good record of a chunk.
+
+    A preference pair (a `rejected` conversation beside `messages`) repeats only when both its
+    conversations do: its key mixes the two conversations' keys; its draw is the chosen one's.
+    """
+    keys, draws = _keys(con, good.select([c.SOURCE_LINE, "messages"]), source, exact, split_seed)
+    if "rejected" in good.column_names:
+        other = good.select([c.SOURCE_LINE, "rejected"]).rename_columns([c.SOURCE_LINE, "messages"])
+        keys = keys * np.uint64(PAIR_MIX) ^ _keys(con, other, source, exact, split_seed)[0]
+    return keys, draws
+
+
+PAIR_MIX = 0x9E3779B97F4A7C15  # an odd 64-bit constant (2^64 / golden ratio): mixes two keys into one
+
+
+def _keys(con: duckdb.DuckDBPyConnection, good: pa.Table, source: str, exact: bool,
+          split_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    cur = con.cursor()  # its own registration: the pair's two key passes may run beside a parse
+    cur.register("good", good)
     try:
-        keys = con.sql(
+        keys = cur.sql(
             KEYS_SQL, params={"source": source, "prefix": 0 if exact else PREFIX_CHARS, "seed": str(split_seed)}
         ).to_arrow_table()
     finally:
-        con.unregister("good")
+        cur.close()
     return numbers_of(keys.column("dedup_key"), np.uint64), numbers_of(keys.column("split_draw"), np.float64)
 
 

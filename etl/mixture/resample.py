@@ -110,14 +110,16 @@ def _write_mixed(staged: Staged, cp: np.ndarray, parts: PartWriter) -> None:
         if not part_cp.any():
             continue
         data = pq.read_table(path)
-        turns = pl.read_parquet(_turns_of(path, folder))
+        # Preference and unpaired outputs have no turns parts.
+        turns = pl.read_parquet(_turns_of(path, folder)) if _turns_of(path, folder).exists() else None
         rows, number = _copy_rows(part_cp)
         for start in range(0, len(rows), max(n, 1)):
             piece, piece_number = rows[start:start + n], number[start:start + n]
             taken = data.take(pa.array(piece))
             new_ids = _copy_ids(taken.column(c.ID).combine_chunks(), piece_number)
             parts.write(folder, taken.set_column(taken.schema.get_field_index(c.ID), c.ID, new_ids))
-            parts.write(c.TURNS_DIR + folder[len(c.DATA_DIR):], _mixed_turns(turns, taken.column(c.ID), new_ids))
+            if turns is not None:
+                parts.write(c.TURNS_DIR + folder[len(c.DATA_DIR):], _mixed_turns(turns, taken.column(c.ID), new_ids))
 
 
 def _turns_of(data_part: Path, folder: str) -> Path:

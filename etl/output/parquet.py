@@ -60,11 +60,13 @@ _TAIL = [(c.NUM_TURNS, pa.int32()), (c.NUM_TURNS_DROPPED, pa.int32()), (c.TRUNCA
 PAIR_SCHEMA = pa.schema(_COMMON + [
     (c.PROMPT_IDS, _IDS), (c.CHOSEN_IDS, _IDS), (c.REJECTED_IDS, _IDS), (c.CHOSEN_MASK, _MASK),
     (c.REJECTED_MASK, _MASK), (c.NUM_PROMPT_TOKENS, pa.int32()), (c.NUM_CHOSEN_TOKENS, pa.int32()),
-    (c.NUM_REJECTED_TOKENS, pa.int32()), (c.NUM_TOKENS, pa.int32()), (c.SCORE_CHOSEN, pa.float64()),
+    (c.NUM_REJECTED_TOKENS, pa.int32()), (c.NUM_TOKENS, pa.int32()), (c.NUM_TRAINED, pa.int32()),
+    (c.SCORE_CHOSEN, pa.float64()),
     (c.SCORE_REJECTED, pa.float64())] + _TAIL)
 UNPAIRED_SCHEMA = pa.schema(_COMMON + [
     (c.PROMPT_IDS, _IDS), (c.COMPLETION_IDS, _IDS), (c.COMPLETION_MASK, _MASK), (c.NUM_PROMPT_TOKENS, pa.int32()),
-    (c.NUM_COMPLETION_TOKENS, pa.int32()), (c.NUM_TOKENS, pa.int32()), (c.LABEL, pa.bool_())] + _TAIL)
+    (c.NUM_COMPLETION_TOKENS, pa.int32()), (c.NUM_TOKENS, pa.int32()), (c.NUM_TRAINED, pa.int32()),
+    (c.LABEL, pa.bool_())] + _TAIL)
 KIND_SCHEMAS = {"preference": PAIR_SCHEMA, "unpaired": UNPAIRED_SCHEMA}
 
 

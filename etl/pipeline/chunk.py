@@ -102,11 +102,6 @@ def process_chunk(source: Source, parsed: pa.Table, state: RunState) -> None:
             keys, draws = record_keys(
                 res.con, good, source=source.name, exact=cfg.dedup_mode == "exact", split_seed=cfg.split_seed
             )
-            if "rejected" in good.column_names:  # a pair repeats when both its conversations do
-                other, _ = record_keys(res.con, good.select([c.SOURCE_LINE, "rejected"]).rename_columns(
-                    [c.SOURCE_LINE, "messages"]), source=source.name, exact=cfg.dedup_mode == "exact",
-                    split_seed=cfg.split_seed)
-                keys = keys * np.uint64(0x9E3779B97F4A7C15) ^ other
         if cfg.deduplicate:
             fresh = state.dedup.keep(keys)
             counts.dropped[DUPLICATE] += int((~fresh).sum())

@@ -155,6 +155,14 @@ def token_columns(sides: Sides, lengths: PairLengths, cut: PairCut, rows: np.nda
     return columns
 
 
+def _trues(mask: pa.ListArray) -> np.ndarray:
+    """Per list, how many of its values are true (int32): one pass over the flat bools."""
+    flat = mask.flatten().to_numpy(zero_copy_only=False)
+    offsets = np.asarray(mask.offsets)
+    return np.add.reduceat(np.append(flat, False).astype(np.int32), offsets[:-1])[: len(mask)] * (
+        np.diff(offsets) > 0)
+
+
 def pair_table(records: pl.DataFrame, good: pa.Table, sides: Sides, lengths: PairLengths, cut: PairCut,
                rows: np.ndarray, *, paired: bool, seq_len: int, fit: str) -> pa.Table:
     """The `data` rows of the kept pairs `rows`, in the kind's schema."""
@@ -171,6 +179,8 @@ def pair_table(records: pl.DataFrame, good: pa.Table, sides: Sides, lengths: Pai
     else:
         numbers[c.NUM_COMPLETION_TOKENS] = chosen
         given = {c.LABEL: good.column(c.LABEL).take(take)}
+    masks = [tokens[m] for m in (c.CHOSEN_MASK, c.REJECTED_MASK, c.COMPLETION_MASK) if m in tokens]
+    numbers[c.NUM_TRAINED] = sum(_trues(m) for m in masks)
     truncated = pa.array(lengths.fit(fit)[rows] > seq_len)
     columns = {name: head.column(name) for name in head.column_names} | tokens | given | {
         name: from_numpy(np.ascontiguousarray(v, np.int32)) for name, v in numbers.items()} | {c.TRUNCATED: truncated}
@@ -211,8 +221,7 @@ def write_pairs(source_name: str, good: pa.Table, domain: pa.Array, split: pa.Ar
     counts.written += table.num_rows
     counts.truncated += int(table.column(c.TRUNCATED).to_numpy(zero_copy_only=False).sum())
     counts.tokens += int(numbers[c.NUM_TOKENS].sum())
-    masks = (c.CHOSEN_MASK, c.REJECTED_MASK) if paired else (c.COMPLETION_MASK,)
-    counts.trained_tokens += sum(int(pc.sum(pc.list_flatten(table.column(m))).as_py() or 0) for m in masks)
+    counts.trained_tokens += int(table.column(c.NUM_TRAINED).to_numpy().sum())
     counts.over_shared += int((numbers[c.NUM_TOKENS] > cfg.seq_len).sum()) if paired else 0
     names = sorted(pc.unique(table.column(c.SPLIT)).to_pylist())
     for name in names:

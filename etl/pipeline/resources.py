@@ -112,6 +112,7 @@ def build_resources(
     `cache`: the token cache to read and fill; None: none (repeats in a batch still tokenize once).
     """
     _check_input_type(config)
+    _ = config.kind  # a mixture of kinds stops here, before the tokenizer loads
 
     # With a cache, tokenizer.json is parsed only when a question or a text is not cached.
     lazy = cache is not None and cache.root is not None
@@ -208,7 +209,7 @@ def manifest_for(res: Resources, sources: list[Source], counts: Counts, *, run_i
         **_settings(res, sources),
         c.RUN_ID: run_id,
         "counts": counts.to_json(),
-        c.MANIFEST_KIND: (kind := c.PAIR_KINDS.get(res.config.input_type, "sft")),
+        c.MANIFEST_KIND: (kind := res.config.kind),
         **({"preference": {"fit": res.config.pair_fit, "over_shared_seq_len": counts.over_shared}}
            if kind == "preference" else {}),
         "incomplete_inputs": counts.incomplete,

@@ -113,6 +113,20 @@ def test_ray_equals_local_on_a_fixture(ray_cluster: dict[str, str], tmp_path: Pa
     assert not (tmp_path / "ray" / "_staging").exists() and not (tmp_path / "ray" / "_journal.jsonl").exists()
 
 
+def test_ray_equals_local_on_preference_pairs(ray_cluster: dict[str, str], tmp_path: Path) -> None:
+    """Pairs (with a duplicated pair, a reject and a val split) come out of Ray as locally, byte for byte."""
+    src = tmp_path / "pairs"
+    src.mkdir()
+    lines = (REPO / "tests" / "assets" / "preference" / "pairs.jsonl").read_text().splitlines()
+    (src / "a.jsonl").write_text("\n".join(lines * 3) + "\n")
+    config = RunConfig(input_type="preference", deduplicate=True, dedup_mode="exact", val_fraction=0.3,
+                       chunk_bytes=1024)
+    local = run_local(str(src), str(tmp_path / "local"), config, progress=False)
+    run_ray(str(src), f"file://{tmp_path / 'ray'}", config, progress=False)
+    assert local["kind"] == "preference" and local["counts"]["dropped"]["duplicate"] == 10
+    _same(tmp_path / "local", tmp_path / "ray")
+
+
 def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():

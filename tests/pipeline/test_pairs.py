@@ -153,6 +153,34 @@ def test_reruns_are_byte_identical(tmp_path: Path) -> None:
                          .read_bytes() for p in parts)
 
 
+def test_a_mixture_of_pair_sources_and_not_of_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def config(second: str) -> Path:
+        path = tmp_path / f"mix-{second}.toml"
+        path.write_text(f"""tokenizer = "bytes"
+mix_by = "examples"
+[[sources]]
+name = "pairs"
+path = "{ASSETS / 'pairs.jsonl'}"
+weight = 0.5
+input = {{ type = "preference" }}
+[[sources]]
+name = "hh"
+path = "{ASSETS / 'hh.jsonl'}"
+weight = 0.5
+input = {{ type = "{second}" }}
+""")
+        return path
+
+    assert main(["run", "--config", str(config("preference")), str(tmp_path / "mix"), "--quiet", "--no-cache"]) == 0
+    manifest = json.loads((tmp_path / "mix" / "_manifest.json").read_text())
+    rows = pq.read_table(tmp_path / "mix" / c.DATA_DIR).to_pylist()
+    assert manifest[c.MANIFEST_KIND] == "preference" and not (tmp_path / "mix" / c.TURNS_DIR).exists()
+    assert {r[c.SOURCE_FILE].split("/")[0] for r in rows} == {"pairs", "hh"}
+    assert all(r[c.NUM_TRAINED] == len(r[c.CHOSEN_IDS]) + len(r[c.REJECTED_IDS]) for r in rows)
+    assert main(["run", "--config", str(config("transcript")), str(tmp_path / "bad"), "--quiet", "--no-cache"]) == 2
+    assert "give preference and sft rows" in capsys.readouterr().err
+
+
 # --- The policies on hand-worked lengths ---------------------------------------------------------
 
 LENGTHS = PairLengths(prompt=np.array([10, 10, 10]), chosen=np.array([3, 8, 2]), rejected=np.array([5, 1, 9]))
