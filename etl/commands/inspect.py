@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from etl.columns import MANIFEST_KIND
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
 from etl.ui.console import console as Console
@@ -86,7 +87,13 @@ def run(args: argparse.Namespace) -> int:
             return 0
         return _print_rich(render_pack_rich(pack, strings, special_ids=special), color=args.color)
     example = read_example(args.dst, split=args.split, row=args.row, example_id=args.example_id)
-    turns = read_turns(args.dst, split=args.split, example_id=example["id"])
+    kind = manifest.get(MANIFEST_KIND, "sft")
+    if kind == "sft":
+        turns = read_turns(args.dst, split=args.split, example_id=example["id"])
+    else:  # a pair or an unpaired completion: its parts as turns of one example
+        from etl.analysis.inspect_pair import as_example
+
+        example, turns = as_example(example, kind)
     strings = token_strings(manifest, example["input_ids"], tokenizer=args.tokenizer)
     if plain:
         sys.stdout.write(render_plain(example, turns, strings, token_sep=args.token_sep))

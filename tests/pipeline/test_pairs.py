@@ -238,3 +238,13 @@ def test_drop_oldest_turns_matches_a_per_pair_loop(data: st.DataObject) -> None:
     cut = drop_oldest_turns(lengths, units, seq_len=seq_len, fit=fit)
     assert list(zip(cut.keep.tolist(), cut.turns_dropped.tolist(), strict=True)) == reference_drop_oldest(
         lengths, units, seq_len, fit)
+
+
+def test_inspect_shows_a_pair_as_its_three_parts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(ASSETS / "pairs.jsonl"), str(tmp_path / "p"), "--input-type", "preference",
+                 "--tokenizer", "bytes", "--quiet", "--no-cache"]) == 0
+    assert main(["inspect", str(tmp_path / "p"), "--row", "0", "--plain"]) == 0
+    text = capsys.readouterr().out
+    prompt, chosen, rejected = (text.index(f"· {part}") for part in ("prompt", "chosen", "rejected"))
+    assert prompt < chosen < rejected and "[[It is blue." in text and "[[It is green." in text
+    assert "What color is the sky?" in text[prompt:chosen] and "[[" not in text[prompt:chosen]
