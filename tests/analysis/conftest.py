@@ -58,3 +58,25 @@ def any_dst(request: pytest.FixtureRequest) -> Path:
 @pytest.fixture
 def cli() -> Any:
     return etl_cli
+
+
+@pytest.fixture(scope="session")
+def pref(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A hand-made preference output (tests/analysis/pair_fixtures.py)."""
+    from tests.analysis.pair_fixtures import PAIR_COUNTS, PAIRS, write_pair_dst
+    from tests.analysis.pair_fixtures import REJECTS as PAIR_REJECTS
+
+    return write_pair_dst(tmp_path_factory.mktemp("pref"), "preference", PAIRS, PAIR_COUNTS, PAIR_REJECTS)
+
+
+@pytest.fixture(scope="session")
+def kto(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A hand-made unpaired (KTO) output."""
+    from tests.analysis.pair_fixtures import (
+        UNPAIRED,
+        UNPAIRED_COUNTS,
+        UNPAIRED_REJECTS,
+        write_pair_dst,
+    )
+
+    return write_pair_dst(tmp_path_factory.mktemp("kto"), "unpaired", UNPAIRED, UNPAIRED_COUNTS, UNPAIRED_REJECTS)

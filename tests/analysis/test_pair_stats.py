@@ -20,26 +20,9 @@ from etl.analysis.pair_stats import QUERIES, output_kind
 from etl.analysis.stats import query_names, run_queries, run_query
 from etl.errors import EtlError
 from tests.analysis.pair_fixtures import (
-    PAIR_COUNTS,
-    PAIRS,
-    REJECTS,
-    UNPAIRED,
-    UNPAIRED_COUNTS,
-    UNPAIRED_REJECTS,
     write_pair_dst,
 )
 from tests.analysis.recount import keyed
-
-
-@pytest.fixture(scope="module")
-def pref(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_pair_dst(tmp_path_factory.mktemp("pref"), "preference", PAIRS, PAIR_COUNTS, REJECTS)
-
-
-@pytest.fixture(scope="module")
-def kto(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("kto")
-    return write_pair_dst(root, "unpaired", UNPAIRED, UNPAIRED_COUNTS, UNPAIRED_REJECTS)
 
 
 def rows(table: object, *keys: str) -> list[tuple]:

@@ -13,27 +13,10 @@ from etl.analysis.report import build_report, histogram_bin_width
 from etl.analysis.report_plots import COLORS
 from etl.analysis.stats import query_names, run_query
 from tests.analysis.pair_fixtures import (
-    PAIR_COUNTS,
-    PAIRS,
-    REJECTS,
-    UNPAIRED,
-    UNPAIRED_COUNTS,
-    UNPAIRED_REJECTS,
     write_pair_dst,
 )
 from tests.analysis.test_stats_cli import run_cli
 from tests.analysis.test_stats_report import assert_not_blank, decode, share_of_color
-
-
-@pytest.fixture(scope="module")
-def pref(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_pair_dst(tmp_path_factory.mktemp("pref"), "preference", PAIRS, PAIR_COUNTS, REJECTS)
-
-
-@pytest.fixture(scope="module")
-def kto(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("kto")
-    return write_pair_dst(root, "unpaired", UNPAIRED, UNPAIRED_COUNTS, UNPAIRED_REJECTS)
 
 
 def test_stats_prints_the_preference_tables(pref: Path, capsys: pytest.CaptureFixture[str]) -> None:
