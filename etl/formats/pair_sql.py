@@ -2,9 +2,9 @@
 
 `REWRITE` reads each raw record once: the pair's own checks (keys present, types, scores, the
 label), and for every side (chosen, rejected; or completion) the line that side's conversation
-is parsed from: the record with `$msgs` set to the prompt's messages followed by the side's
-(strings become a user / an assistant message), or, for a string with no prompt (hh-rlhf's
-transcripts), with `$text` set to it. `COMBINE` joins the sides' parsed conversations, finds
+is parsed from when the record has a prompt: the record with `$msgs` set to the prompt's
+messages followed by the side's (strings become a user / an assistant message). Without a
+prompt the side's own key is parsed in place (a message list, or hh-rlhf's transcript string). `COMBINE` joins the sides' parsed conversations, finds
 the prompt and applies the pair's rejects.
 """
 
@@ -20,19 +20,19 @@ PROMPT_LIST = """(case when p is null then []::json[]
 
 def side_line(slot: str) -> str:
     """SQL for the line a side's conversation is parsed from (the record itself once rejected)."""
-    return f"""(case when pre_reason is not null then line
+    return f"""(case when pre_reason is not null or p is null then null
         when starts_with({slot}, '[') then json_merge_patch(line, json_object($msgs,
             to_json(list_concat({PROMPT_LIST}, json_extract({slot}, '$[*]')))))::varchar
-        when p is not null then json_merge_patch(line, json_object($msgs, to_json(list_concat({PROMPT_LIST},
-            [json_object($role_key, 'assistant', $content_key, {slot} ->> '$')]))))::varchar
-        else json_merge_patch(line, json_object($text, {slot} ->> '$'))::varchar end)"""
+        else json_merge_patch(line, json_object($msgs, to_json(list_concat({PROMPT_LIST},
+            [json_object($role_key, 'assistant', $content_key, {slot} ->> '$')]))))::varchar end)"""
 
 
 def side_columns(name: str, slot: str) -> str:
     """A side's rewritten line, its route (`list`: the chat parse, `text`: the transcript parse)
     and its number of messages (those at the end of the parsed conversation)."""
     return f"""{side_line(slot)} as line_{name},
-        case when p is null and starts_with({slot}, '"') then 'text' else 'list' end as route_{name},
+        case when pre_reason is not null then 'direct' when p is not null then 'list'
+            when starts_with({slot}, '"') then 'text' else 'direct' end as route_{name},
         case when starts_with({slot}, '[') then json_array_length({slot}) else 1 end::integer as n_{name}"""
 
 
@@ -87,14 +87,16 @@ def kind_of_key(slots: dict[str, str]) -> str:
     return f"(case {whens} end)"
 
 
-# One side's parsed conversations, the chat and the transcript parses together, in line order.
-SIDE = f"""select source_line, reason, detail, messages, domain, tools from {{lists}}
-union all
-select source_line, reason, detail,
+# One side's parse per route, as the union of its routes' tables: `{table}` each; a transcript's
+# messages gain the chat message's fields.
+SIDE = {
+    "list": "select source_line, reason, detail, messages, domain, tools from {table}",
+    "direct": "select source_line, reason, detail, messages, domain, tools from {table}",
+    "text": f"""select source_line, reason, detail,
     list_transform(messages, lambda m: struct_pack(role := m.role, content := m.content, train := m.train,
-        weight := m.weight, reasoning := null::varchar, calls := null::varchar[])::{CHAT_MESSAGE_TYPE}),
-    domain, null::varchar
-from {{texts}}"""
+        weight := m.weight, reasoning := null::varchar, calls := null::varchar[])::{CHAT_MESSAGE_TYPE}) as messages,
+    domain, null::varchar as tools from {{table}}""",
+}
 
 # `k`: the messages both sides share from the start (the prompt, found as TRL's extract_prompt
 # does when the record has none); `nc`/`nr`: the completion's messages on each side.

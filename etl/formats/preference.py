@@ -21,10 +21,13 @@ from functools import partial
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etl.arrow_values import numbers_of
 from etl.columns import SOURCE_LINE
+from etl.errors import EtlBug
 from etl.formats import conversation, transcript
 from etl.formats.base import (
     HEAD_DETAILS,
@@ -51,7 +54,9 @@ from etl.formats.prepared import run_prepared
 
 # The keys a side's rewritten line holds its conversation under: not options, never user keys.
 MESSAGES = "__etl_messages"
-TEXT = "__etl_text"
+# How a side is parsed: the rewrite's prompt + completion messages (`chat`), the side's own
+# message list in place (`chat`, no prompt), or its transcript string in place (`transcript`).
+LIST, DIRECT, TEXT_ROUTE = "list", "direct", "text"
 # Options passed on to the `chat` parse of each side; the transcript parse takes markers and strip.
 CHAT_OPTIONS = ("role_key", "content_key", "train_key", "weight_key", "tool_calls_key", "role_map",
                 "text_part_types", "part_separator", "system_key", "tools_key", "tools_prefix", "domain_key",
@@ -85,7 +90,7 @@ def _rewrite(*, sides: Mapping[str, str | None], prompt_key: str | None, label_k
         sides=",\n    ".join(side_columns(name, f"s_{name}") for name in sides),
     )
     params = base_params(structure=top.structure(), roles=roles) | {
-        "msgs": MESSAGES, "text": TEXT, "role_key": role_key, "content_key": content_key,
+        "msgs": MESSAGES, "role_key": role_key, "content_key": content_key,
         "prompt_key": prompt_key or "", "label_key": label_key or "",
         "score_chosen_key": score_keys[0] or "", "score_rejected_key": score_keys[1] or "",
         **{f"{name}_key": key for name, key in sides.items()},
@@ -107,17 +112,21 @@ def _combine(paired: bool) -> str:
     )
 
 
-def _parse_side(con: duckdb.DuckDBPyConnection, meta: pa.Table, name: str, key: str,
-                queries: tuple[BuilderQuery, BuilderQuery], run: Any) -> pa.Table:
-    """One side's conversations, parsed by the chat or the transcript builder as its route says;
-    details name the record's key, not the rewrite's."""
-    lines = meta.select([SOURCE_LINE, f"line_{name}"]).rename_columns([SOURCE_LINE, "line"])
-    is_text = pc.equal(meta.column(f"route_{name}"), "text")
-    lists, texts = run(con, lines.filter(pc.invert(is_text)), queries[0]), run(con, lines.filter(is_text), queries[1])
-    side = _sql(con, SIDE, lists=lists, texts=texts)
-    detail = side.column("detail")
-    for internal in (MESSAGES, TEXT):
-        detail = pc.replace_substring(detail, internal, key)
+def _parse_side(con: duckdb.DuckDBPyConnection, raw: pa.Table, meta: pa.Table, name: str, key: str,
+                queries: dict[str, dict[str, BuilderQuery]], run: Any) -> pa.Table:
+    """One side's conversations, each parsed by the builder its route names; details name the
+    record's key, not the rewrite's. A route no record takes is not run (nor planned)."""
+    route = meta.column(f"route_{name}")
+    rewritten = meta.select([SOURCE_LINE, f"line_{name}"]).rename_columns([SOURCE_LINE, "line"])
+    parts = {}
+    for way, by_side in queries.items():
+        rows = pc.equal(route, way)
+        if pc.any(rows).as_py():
+            parts[way] = run(con, (rewritten if way == LIST else raw).filter(rows), by_side[name])
+    if not parts:  # an empty chunk: any route's empty parse gives the columns
+        parts[DIRECT] = run(con, raw, queries[DIRECT][name])
+    side = _sql(con, "\nunion all\n".join(SIDE[k].format(table="{" + k + "}") for k in parts), **parts)
+    detail = pc.replace_substring(side.column("detail"), MESSAGES, key)
     return side.set_column(side.schema.get_field_index("detail"), "detail", detail)
 
 
@@ -135,7 +144,7 @@ def _sql(con: duckdb.DuckDBPyConnection, template: str, **tables: pa.Table) -> p
 
 
 def parse_pairs(con: duckdb.DuckDBPyConnection, raw: pa.Table, run: Any, *, rewrite: tuple[str, dict[str, Any]],
-                sides: dict[str, str], queries: tuple[BuilderQuery, BuilderQuery]) -> pa.Table:
+                sides: dict[str, str], queries: dict[str, dict[str, BuilderQuery]]) -> pa.Table:
     """The pair table of one raw chunk: `run` (`run_builder`) parses each side's conversation.
 
     Columns: the builders' `source_line, reason, detail, raw, messages, domain, tools`, with
@@ -144,20 +153,31 @@ def parse_pairs(con: duckdb.DuckDBPyConnection, raw: pa.Table, run: Any, *, rewr
     unpaired records `label`.
     """
     meta = run_prepared(con, rewrite[0], rewrite[1], raw)
-    parsed = {name: _parse_side(con, meta, name, key, queries, run) for name, key in sides.items()}
+    if not np.array_equal(numbers_of(meta.column(SOURCE_LINE), np.int64), numbers_of(raw.column(SOURCE_LINE), np.int64)):
+        raise EtlBug("the pair rewrite changed the order of the chunk's records")
+    parsed = {name: _parse_side(con, raw, meta, name, key, queries, run) for name, key in sides.items()}
     keep = [c for c in meta.column_names if not c.startswith(("line_", "route_"))]
     table = _sql(con, _combine(len(sides) == 2) + " order by source_line", meta=meta.select(keep), **parsed)
     unused = PAIR_ONLY if len(sides) == 1 else UNPAIRED_ONLY
     return table.drop_columns(list(unused))
 
 
-def _side_queries(roles: Sequence[str], options: dict[str, Any], *, markers: Any, strip: bool,
-                  template_tools: bool) -> tuple[BuilderQuery, BuilderQuery]:
-    chat = conversation.chat_builder(roles=roles, messages_key=MESSAGES, template_tools=template_tools, **options)
-    text = transcript.transcript_builder(roles=roles, text_key=TEXT, markers=markers, strip=strip,
-                                         domain_key=options.get("domain_key"))
+def _side_queries(roles: Sequence[str], sides: dict[str, str], options: dict[str, Any], *, markers: Any, strip: bool,
+                  template_tools: bool) -> dict[str, dict[str, BuilderQuery]]:
+    """Route -> side -> the query that parses it: a side's own key read in place (a whole
+    conversation, or a transcript string), or the rewrite's messages (prompt + completion)."""
+    def chat(key: str) -> BuilderQuery:
+        return conversation.chat_builder(roles=roles, messages_key=key, template_tools=template_tools, **options)
+
+    def text(key: str) -> BuilderQuery:
+        return transcript.transcript_builder(roles=roles, text_key=key, markers=markers, strip=strip,
+                                             domain_key=options.get("domain_key"))
+
+    queries = {LIST: dict.fromkeys(sides, chat(MESSAGES)), DIRECT: {n: chat(k) for n, k in sides.items()},
+               TEXT_ROUTE: {n: text(k) for n, k in sides.items()}}
     # The record's size was checked before the rewrite, which adds the prompt once more.
-    return dataclasses.replace(chat, max_record_bytes=UNLIMITED), dataclasses.replace(text, max_record_bytes=UNLIMITED)
+    return {route: {n: dataclasses.replace(q, max_record_bytes=UNLIMITED) for n, q in by_side.items()}
+            for route, by_side in queries.items()}
 
 
 def _pair_query(*, roles: Sequence[str], sides: dict[str, str], prompt_key: str | None, label_key: str | None,
@@ -165,12 +185,13 @@ def _pair_query(*, roles: Sequence[str], sides: dict[str, str], prompt_key: str 
                 template_tools: bool) -> BuilderQuery:
     for option, key in [("prompt_key", prompt_key), *((f"{n}_key", k) for n, k in sides.items())]:
         check_key(option, key, optional=option == "prompt_key" and label_key is None)
-    queries = _side_queries(roles, options, markers=markers, strip=strip, template_tools=template_tools)
+    queries = _side_queries(roles, sides, options, markers=markers, strip=strip, template_tools=template_tools)
     rewrite = _rewrite(sides=sides, prompt_key=prompt_key, label_key=label_key, score_keys=score_keys, roles=roles,
                        role_key=options["role_key"], content_key=options["content_key"])
     # The identity of the whole parse (the parsed-chunk cache keys on sql + params).
-    sql = "\n;\n".join([rewrite[0], queries[0].sql, queries[1].sql, _combine(len(sides) == 2)])
-    params = {"rewrite": rewrite[1], "chat": queries[0].params, "text": queries[1].params}
+    parses = [q for by_side in queries.values() for q in by_side.values()]
+    sql = "\n;\n".join([rewrite[0], *(q.sql for q in parses), _combine(len(sides) == 2)])
+    params = {"rewrite": rewrite[1], "parses": [q.params for q in parses]}
     compose = partial(parse_pairs, rewrite=rewrite, sides=dict(sides), queries=queries)
     return BuilderQuery(sql=sql, params=json.loads(json.dumps(params, default=str)), compose=compose)
 
