@@ -40,7 +40,8 @@ stats: $(STAMP)
 	$(BIN)/etl stats $(DST)
 
 # Every figure in one run -> bench/results.md. One-topic scripts (etl_throughput, builders_throughput,
-# loader_throughput, big_record, hot_path, packing, unread_fields) run on their own: python bench/X.py.
+# loader_throughput, big_record, hot_path, packing, unread_fields, preference) run on their own:
+# python bench/X.py.
 bench: $(STAMP)
 	$(BIN)/python bench/results.py
 

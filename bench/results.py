@@ -7,8 +7,9 @@ warm, with its default backend and with `--tokenizer-backend hf`) vs the bare to
 peers (a per-example loop, HF datasets' batched map) on the first 20k chats; etl vs a bare
 `tokenizers` `encode_batch` on all 55k chats; start-up; 1 vs 2 cores; local vs ray engine; peak RSS
 at 10x and 50x a 5k-chat slice with each backend; packing; loader tokens/s padded and packed; token
-balance. Each figure comes with its command. About 12-15 minutes; `--quick` (2k chats, 2x and 4x a
-1k slice, one round) about 4 minutes, 2 of them bench/engines.py's (all of T0 even then).
+balance; preference pairs (hh-rlhf: etl vs TRL's `_prepare_dataset`, padded vs prefix-shared packed).
+Each figure comes with its command. About 13-16 minutes; `--quick` (2k chats, 2x and 4x a 1k slice,
+one round) about 5 minutes, 2 of them bench/engines.py's (all of T0 even then).
 
     python bench/results.py [--quick] [--out bench/results.md] [--rounds R] [--tokenizer DIR]
 """
@@ -119,7 +120,10 @@ def sections(data: Data, slice_path: Path, settings: Settings, failures: list[st
         run_child(etl_cmd(data.tmp / "t0-all.jsonl", every, data.tokenizer), env=child_env(), cwd=str(REPO))
     tables += [section("packing", lambda: packing_table(lengths_of(every), 2048, s.pack_repeats), failures),
                section("loader", lambda: loader_table(data, every, s.loader_batches), failures),
-               section("token balance", lambda: optional_table("token_balance", "Token balance"), failures)]
+               section("token balance", lambda: optional_table("token_balance", "Token balance"), failures),
+               section("preference", lambda: optional_table(
+                   "preference", "Preference data: etl vs TRL's `_prepare_dataset`, padded vs prefix-shared packed"),
+                   failures)]
     return tables
 
 

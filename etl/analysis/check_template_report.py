@@ -9,11 +9,14 @@ import json
 from typing import Any
 
 from etl.analysis.run_summary import by_reason
+from etl.analysis.trl_pairs import CONVERSATION, OTHER, REASON_TEXT
 from etl.formats.layout_hint import input_type_hint
 
 
 def render_text(report: dict[str, Any]) -> str:
     """The report as plain text: a table of counts, a verdict, hints, then the first difference."""
+    if report.get("kind") == "preference":
+        return _render_pairs(report)
     n = report["examples"]
     rows = [
         ("examples checked", f"{n:,}", ""),
@@ -44,19 +47,50 @@ def render_text(report: dict[str, Any]) -> str:
     if report["template_notes"]:
         lines.append(f"template notes: {report['template_notes']}")
     lines += [f"hint: {h}" for h in _hints(report)]
-    diff = report["first_diff"]
-    if diff:
-        lines += [
-            "",
-            (f"first difference: example {diff['id']} at token {diff['position']} "
-             f"(pipeline {diff['pipeline_tokens']} tokens, reference {diff['reference_tokens']})"),
-            f"  {'pipeline':<36} {'reference':<36}",
-        ]
-        for row in diff["rows"]:
-            mark = "!" if row["differs"] else " "
-            lines.append(f"{mark} {_cell(row['pipeline_index'], row['pipeline_id'], row['pipeline_piece'])} "
-                         f"{_cell(row['reference_index'], row['reference_id'], row['reference_piece'])}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _diff_lines(report["first_diff"])) + "\n"
+
+
+def _diff_lines(diff: dict[str, Any] | None) -> list[str]:
+    """The first differing example as aligned token pieces, pipeline beside reference."""
+    if not diff:
+        return []
+    where = f" in {diff['part']} ({diff['reason']})" if "part" in diff else ""
+    lines = [
+        "",
+        (f"first difference: example {diff['id']}{where} at token {diff['position']} "
+         f"(pipeline {diff['pipeline_tokens']} tokens, reference {diff['reference_tokens']})"),
+        f"  {'pipeline':<36} {'reference':<36}",
+    ]
+    for row in diff["rows"]:
+        mark = "!" if row["differs"] else " "
+        lines.append(f"{mark} {_cell(row['pipeline_index'], row['pipeline_id'], row['pipeline_piece'])} "
+                     f"{_cell(row['reference_index'], row['reference_id'], row['reference_piece'])}")
+    return lines
+
+
+def _render_pairs(report: dict[str, Any]) -> str:
+    """Preference pairs: how many equal TRL's tokenization, how many differ and why, then the first one."""
+    n = report["examples"]
+    rows = [("pairs checked", f"{n:,}", ""),
+            ("equal to TRL (prompt, chosen, rejected ids)", f"{report['equal']:,}", f"{report['share_equal']:.1%}"),
+            ("TRL warns (its cut is shorter than the prompt alone)", f"{report['trl_warns']:,}", "")]
+    rows += [(f"differ: {reason}", f"{k:,}", REASON_TEXT[reason]) for reason, k in report["differ"].items() if k]
+    if report["rejected"]:
+        rows.append(("pairs rejected, not checked", f"{sum(report['rejected'].values()):,}",
+                     ", ".join(f"{reason} {k:,}" for reason, k in report["rejected"].items())))
+    label, count = (max(len(r[i]) for r in rows) for i in (0, 1))
+    unexplained, whole = report["differ"].get(OTHER, 0), report["differ"].get(CONVERSATION, 0)
+    verdict = (f"{unexplained:,} pairs differ from TRL for no known reason: see the first difference below"
+               if unexplained else f"{whole:,} pairs differ because etl's conversation ids differ from "
+               "apply_chat_template's: check-template with the conversations' input type (chat, transcript) "
+               "shows why" if whole else "every pair equals TRL's tokenization or differs for a known reason "
+               "(etl's rule is the conversation's rendering)")
+    lines = [f"template {report['template']} vs TRL's DPOTrainer tokenization with {report['tokenizer']}", "",
+             *(f"  {name:<{label}}  {value:>{count}}  {extra}".rstrip() for name, value, extra in rows), "",
+             f"verdict: {verdict}", f"reference: {report['reference']}"]
+    hint = _input_type_hint(report)
+    lines += [f"hint: {hint}"] if hint else []
+    return "\n".join(lines + _diff_lines(report["first_diff"])) + "\n"
 
 
 def _verdict(report: dict[str, Any]) -> str:

@@ -24,12 +24,16 @@ apart. Prints a table: identical examples, those
 equal after ignoring a leading bos and trailing eos/pad/whitespace, records rejected before the
 check; a one-line verdict; the reference used; hints (the input type the records' keys suggest,
 the chat_template's own default system prompt); and the first differing example as aligned
-token pieces.
+token pieces. With --input-type preference the reference is TRL's DPOTrainer._prepare_dataset on
+the same pairs (needs trl): pairs equal to TRL's prompt/chosen/rejected ids, and the others by
+reason (the prompt rendered alone differs from inside the conversation; tokens merge across the
+prompt/completion join); etl's rule is the conversation's rendering.
 
 examples:
   etl check-template chats.jsonl --tokenizer ../shared/data/qwen2.5-tokenizer
   etl check-template chats.jsonl --tokenizer ../shared/data/phi3-tokenizer --template phi3 --limit 200
   etl check-template data/ --tokenizer DIR --config sharegpt.json --format json
+  etl check-template hh.jsonl.gz --tokenizer ../shared/data/qwen2.5-tokenizer --input-type preference
 """
 
 
@@ -54,13 +58,19 @@ def run(args: argparse.Namespace) -> int:
     """Run the check and print the report; exit 0 whatever the share (it is a measurement)."""
     # tokenizers/polars/duckdb: only when run, not for --help
     from etl.analysis.check_template import check_template
+    from etl.analysis.check_template_pairs import check_pairs
     from etl.analysis.check_template_report import nothing_checked, render_text
     from etl.config.build import config_from_args
 
     if args.limit is not None and args.limit < 1:
         raise EtlError(f"--limit must be 1 or more, got {args.limit}")
     args.seq_len = None  # check_template lifts seq_len itself: nothing may be truncated
-    report = check_template(args.src, config_from_args(args), limit=args.limit).to_json()
+    config = config_from_args(args)
+    if config.input_type == "unpaired":
+        raise EtlError("check-template compares conversations (with the chat_template) or preference pairs "
+                       "(--input-type preference, with TRL's DPOTrainer); not unpaired completions")
+    check = check_pairs if config.input_type == "preference" else check_template
+    report = check(args.src, config, limit=args.limit).to_json()
     if report["examples"] == 0:
         raise EtlError(nothing_checked(report, args.src))
     if args.format == "json":
