@@ -9,7 +9,6 @@ strings depend on the position or the neighbours is reported with the role and t
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 from etl.tokens.chat_jinja import render
 from etl.tokens.tokenizer import TextTokenizer
+from etl.tokens.tokenizer_json import read_added_tokens
 
 # Alphanumeric so that templates which `trim` or otherwise touch content leave markers intact.
 MARKER = "Qx{}Zq"
@@ -49,10 +49,9 @@ def added_tokens(tokenizer: TextTokenizer) -> list[AddedToken]:
     path = getattr(tokenizer, "path", None)
     if not path:
         return []
-    data = json.loads(Path(path).read_text("utf-8"))
     return [
         AddedToken(t["content"], bool(t.get("special")), bool(t.get("lstrip")), bool(t.get("rstrip")))
-        for t in data.get("added_tokens", [])
+        for t in read_added_tokens(Path(path).read_text("utf-8"))
     ]
 
 
