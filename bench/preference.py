@@ -12,8 +12,8 @@ to the longest, as TRL's `DataCollatorForPreference`); packed rows hold [P, C, R
 bfd over P + C + R into rows of S (etl.packing.bfd). Agreement: etl's pairs against TRL's, counted
 by `etl.analysis.trl_pairs.compare`. `results()` gives the markdown for results.md.
 
-    python bench/preference.py [--rounds 3] [--batch-size 8] [--seq-len 2048]
-    python bench/preference.py trl NUM_PROC   # a child: one timed _prepare_dataset, JSON on stdout
+    python bench/preference.py [--rounds 3] [--batch-size 8] [--seq-len 2048] [--copies 10]
+    python bench/preference.py trl NUM_PROC [SRC]   # a child: one timed _prepare_dataset, JSON on stdout
 """
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ QWEN = SHARED / "qwen2.5-tokenizer"
 NUM_PROCS = (1, 2)  # DPOConfig.dataset_num_proc: TRL's default (None, in-process) and this machine's 2 cores
 
 
-def trl_child(num_proc: int) -> dict[str, float]:
-    """One `_prepare_dataset` over every hh pair; wall and CPU seconds (its workers included)."""
+def trl_child(num_proc: int, src: Path = HH) -> dict[str, float]:
+    """One `_prepare_dataset` over every pair of `src`; wall and CPU seconds (its workers included)."""
     from transformers import AutoTokenizer
 
     from etl.analysis.trl_pairs import hh_record, trl_prepare
 
-    with gzip.open(HH, "rt", encoding="utf-8") as f:
+    with (gzip.open(src, "rt", encoding="utf-8") if src.suffix == ".gz" else src.open(encoding="utf-8")) as f:
         records = [hh_record(json.loads(line)) for line in f]
     tokenizer = AutoTokenizer.from_pretrained(str(QWEN))
 
@@ -66,9 +66,9 @@ def trl_child(num_proc: int) -> dict[str, float]:
     return {"wall": time.perf_counter() - wall, "cpu": cpu() - used, "rows": out.num_rows}
 
 
-def etl_cmd(dst: Path) -> list[str]:
+def etl_cmd(dst: Path, src: Path = HH) -> list[str]:
     """A cold `etl run` of the hh pairs: a new DST and no token cache, so every round tokenizes."""
-    return [sys.executable, "-m", "etl", "run", str(HH), str(dst), "--input-type", "preference",
+    return [sys.executable, "-m", "etl", "run", str(src), str(dst), "--input-type", "preference",
             "--tokenizer", str(QWEN), "--template", "hf", "--no-cache", "--quiet", "--timings"]
 
 
@@ -120,6 +120,32 @@ def speed_table(times: dict[str, dict[str, list[float]]], pairs: int, written: i
                    "see its manifest). pairs/s = pairs read / median wall seconds. CPU seconds of the whole TRL "
                    f"child (imports, reading, tokenizer load and the call): {whole}.")]
     return lines
+
+
+def copies_of_hh(out: Path, copies: int) -> Path:
+    """hh's pairs `copies` times, every turn of copy k marked `(k)`: distinct texts, so neither
+    side's repeats-tokenized-once helps it; the same file goes to etl and to TRL."""
+    with gzip.open(HH, "rt", encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    with out.open("w", encoding="utf-8") as w:
+        for k in range(copies):
+            for rec in records:
+                marked = {side: rec[side].replace("\n\nHuman: ", f"\n\nHuman: ({k}) ")
+                          .replace("\n\nAssistant: ", f"\n\nAssistant: ({k}) ") for side in ("chosen", "rejected")}
+                w.write(json.dumps(marked) + "\n")
+    return out
+
+
+def scaled_table(tmp: Path, copies: int) -> list[str]:
+    """Markdown: one round of etl's whole command against TRL's call (dataset_num_proc=1) on hh x copies."""
+    src = copies_of_hh(tmp / f"hh-x{copies}.jsonl", copies)
+    etl = run_child(etl_cmd(tmp / f"hh-x{copies}", src), cwd=str(REPO))
+    trl = json.loads(run_child([sys.executable, __file__, "trl", "1", str(src)], cwd=str(REPO)).output.splitlines()[-1])
+    pairs = json.loads((tmp / f"hh-x{copies}" / "_manifest.json").read_text())["counts"]["read"]
+    return [(f"At {copies}x the pairs ({pairs:,}, every copy's turns marked so all texts differ; {src.stat().st_size / 2**20:.1f} "
+            f"MiB, so `auto` picks gigatoken), one round: etl's whole cold command {etl.wall:.2f} s wall "
+            f"({etl.cpu:.2f} s CPU), TRL's `_prepare_dataset` call (dataset_num_proc=1) {trl['wall']:.2f} s "
+            f"({trl['cpu']:.2f} s CPU): **{trl['wall'] / etl.wall:.2f}× by wall time, {trl['cpu'] / etl.cpu:.2f}× by CPU**.")]
 
 
 def agreement(dst: Path) -> str:
@@ -178,7 +204,7 @@ def layout_table(p: np.ndarray, ch: np.ndarray, rj: np.ndarray, *, batch_size: i
     return lines
 
 
-def results(rounds: int = 3, batch_size: int = 8, seq_len: int = 2048) -> str:
+def results(rounds: int = 3, batch_size: int = 8, seq_len: int = 2048, copies: int = 10) -> str:
     """Both tables as markdown (bench/results.py's `optional_table`); empty without ../shared."""
     if not (HH.is_file() and QWEN.is_dir()):
         return ""
@@ -188,23 +214,25 @@ def results(rounds: int = 3, batch_size: int = 8, seq_len: int = 2048) -> str:
         pairs, written = manifest["counts"]["read"], manifest["counts"]["written"]
         p, ch, rj = lengths(dst)
         same = agreement(dst)
+        scaled = scaled_table(Path(tmp), copies) if copies > 1 else []
     lines = [f"Speed on `../shared/{HH.relative_to(SHARED.parent)}` with Qwen2.5, {rounds} interleaved round(s):", "",
-             *speed_table(times, pairs, written), "", same, "",
+             *speed_table(times, pairs, written), "", *scaled, "", same, "",
              f"Layout at S = {seq_len} (etl's lengths, file order):", "",
              *layout_table(p, ch, rj, batch_size=batch_size, seq_len=seq_len)]
     return "\n".join(lines)
 
 
 def main() -> int:
-    if len(sys.argv) == 3 and sys.argv[1] == "trl":
-        print(json.dumps(trl_child(int(sys.argv[2]))))
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "trl":
+        print(json.dumps(trl_child(int(sys.argv[2]), *(Path(a) for a in sys.argv[3:]))))
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the timed jobs")
     p.add_argument("--batch-size", type=int, default=8, help="pairs per padded batch (TRL's default 8)")
     p.add_argument("--seq-len", type=int, default=2048, help="S, tokens per packed row")
+    p.add_argument("--copies", type=int, default=10, help="also time one round on hh this many times (1: not)")
     args = p.parse_args()
-    text = results(args.rounds, args.batch_size, args.seq_len)
+    text = results(args.rounds, args.batch_size, args.seq_len, args.copies)
     if not text:
         print(f"benchmark data not found ({HH}, {QWEN}); it lives in ../shared/data", file=sys.stderr)
         return 1
