@@ -86,7 +86,7 @@ class CheckReport:
         return out
 
 
-class _Reference:
+class TemplateReference:
     """The tokenizer's own chat template (see `load_renderer`) and a raw `tokenizers` decoder for pieces."""
 
     def __init__(self, ctx: Resources) -> None:
@@ -163,7 +163,7 @@ def _own_default_system(ctx: Resources) -> str | None:
         return None
 
 
-def _good_rows(raw: pa.Table, ctx: Resources, query: BuilderQuery, report: CheckReport, *,
+def good_rows(raw: pa.Table, ctx: Resources, query: BuilderQuery, report: CheckReport, *,
                room: int | None) -> pa.Table:
     """Parse a chunk with the run's builder query (built once per check: its warnings come once);
     count rejects up to the last good row kept (`room`)."""
@@ -205,7 +205,7 @@ def _conversations(records: pl.DataFrame, tools: list[str | None], plan: pl.Data
     return convs
 
 
-def _compare_chunk(records: pl.DataFrame, tools: list[str | None], ctx: Resources, ref: _Reference,
+def _compare_chunk(records: pl.DataFrame, tools: list[str | None], ctx: Resources, ref: TemplateReference,
                   report: CheckReport) -> None:
     """Run the pipeline on one chunk of records and compare every example with the reference.
 
@@ -248,7 +248,7 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
     """
     config = config.replace(seq_len=NO_TRUNCATION)
     ctx = build_resources(config)
-    ref = _Reference(ctx)
+    ref = TemplateReference(ctx)
     template = ctx.template.template
     report = CheckReport(template=template.name, tokenizer=ctx.tokenizer.name, reference=ref.renderer.description,
                          default_system=ctx.config.default_system, template_notes=template.notes,
@@ -257,7 +257,7 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
     for source in discover(src):
         try:
             for raw in read_chunks(source, chunk_bytes=config.chunk_bytes):
-                good = _good_rows(raw, ctx, query, report, room=None if limit is None else limit - report.examples)
+                good = good_rows(raw, ctx, query, report, room=None if limit is None else limit - report.examples)
                 if good.num_rows:
                     _compare_chunk(records_frame(source.name, good), tools_column(good), ctx, ref, report)
                 if limit is not None and report.examples >= limit:

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from etl import columns as c
-from etl.analysis.check_template import NO_TRUNCATION, CheckReport, _good_rows, _Reference
+from etl.analysis.check_template import NO_TRUNCATION, CheckReport, TemplateReference, good_rows
 from etl.analysis.reference import conversation, tools_column
 from etl.analysis.trl_pairs import EQUAL, REASONS, TRL_PATH, Pair, classify, trl_prepare
 from etl.config.run_config import RunConfig
@@ -96,7 +96,7 @@ def _trl_records(good: pa.Table, default_system: str | None) -> list[dict[str, A
     return records
 
 
-def _compare_chunk(source_name: str, good: pa.Table, ctx: Resources, ref: _Reference, report: PairCheckReport) -> None:
+def _compare_chunk(source_name: str, good: pa.Table, ctx: Resources, ref: TemplateReference, report: PairCheckReport) -> None:
     ours = _etl_pairs(source_name, good, ctx, report)
     tokenizer = ref.renderer.tokenizer  # type: ignore[attr-defined]
     rows = trl_prepare(_trl_records(good, ctx.config.default_system), tokenizer).to_list()
@@ -128,7 +128,7 @@ def check_pairs(src: str, config: RunConfig, *, limit: int | None = None) -> Pai
     """
     config = config.replace(seq_len=NO_TRUNCATION)
     ctx = build_resources(config)
-    ref = _Reference(ctx)
+    ref = TemplateReference(ctx)
     if not hasattr(ref.renderer, "tokenizer"):
         raise EtlError("check-template on preference pairs compares with TRL, which needs transformers: "
                        "`pip install transformers trl datasets` (or etl's `hf` extra)")
@@ -140,12 +140,12 @@ def check_pairs(src: str, config: RunConfig, *, limit: int | None = None) -> Pai
     report = PairCheckReport(template=ctx.template.template.name, tokenizer=ctx.tokenizer.name,
                              reference=TRL_PATH.format(version=version))
     query = ctx.builder_query()
-    stand_in = CheckReport("", "", "", None, "")  # `_good_rows` counts rejects and record keys here
+    stand_in = CheckReport("", "", "", None, "")  # `good_rows` counts rejects and record keys here
     for source in discover(src):
         try:
             for raw in read_chunks(source, chunk_bytes=config.chunk_bytes):
                 room = None if limit is None else limit - report.examples
-                good = _good_rows(raw, ctx, query, stand_in, room=room)
+                good = good_rows(raw, ctx, query, stand_in, room=room)
                 if good.num_rows:
                     _compare_chunk(source.name, good, ctx, ref, report)
                 if limit is not None and report.examples >= limit:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from etl.analysis.report_plots import COLORS, X_MARGIN, draw_drops, plot_png
+from etl.analysis.report_plots import COLORS, draw_drops, mark_seq_len, plot_png
 
 # Shown as plots only, not as tables under them.
 PLOTTED_ONLY = ("part_length_histogram", "length_difference")
@@ -110,10 +110,7 @@ def draw_part_lengths(ax: Any, hist: pa.Table, seq_len: int | None) -> None:
     _integer_counts(ax)
     if not hist.num_rows:
         return
-    right = max(rows["bin_end"])
-    ax.set_xlim(0, right * X_MARGIN)
-    if seq_len and seq_len <= right * X_MARGIN:
-        ax.axvline(seq_len, color="#444", linestyle="--", linewidth=1)
+    mark_seq_len(ax, max(rows["bin_end"]), seq_len, "tokens per part")
 
 
 def draw_length_difference(ax: Any, hist: pa.Table, bias: pa.Table) -> None:

@@ -131,12 +131,17 @@ def draw_lengths(ax: Any, hist: pa.Table, seq_len: int | None) -> None:
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if not hist.num_rows:
         return
-    right = max(rows["bin_end"])
+    mark_seq_len(ax, max(rows["bin_end"]), seq_len, "tokens per example")
+
+
+def mark_seq_len(ax: Any, right: float, seq_len: int | None, label: str) -> None:
+    """End the length axis just past `right`; a dashed line at seq_len when it lies inside, else
+    seq_len named in the axis label (`label`): a mark inside the axes could cover a bar."""
     ax.set_xlim(0, right * X_MARGIN)
     if seq_len and seq_len <= right * X_MARGIN:
         ax.axvline(seq_len, color="#444", linestyle="--", linewidth=1)
-    elif seq_len:  # named in the label: a mark inside the axes could cover a bar
-        ax.set_xlabel(f"tokens per example (seq_len {seq_len:,} lies beyond the right edge)")
+    elif seq_len:
+        ax.set_xlabel(f"{label} (seq_len {seq_len:,} lies beyond the right edge)")
 
 
 def draw_roles(ax: Any, roles: pa.Table) -> None:
