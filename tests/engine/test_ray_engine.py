@@ -120,7 +120,7 @@ def test_ray_equals_local_on_preference_pairs(ray_cluster: dict[str, str], tmp_p
     lines = (REPO / "tests" / "assets" / "preference" / "pairs.jsonl").read_text().splitlines()
     (src / "a.jsonl").write_text("\n".join(lines * 3) + "\n")
     config = RunConfig(input_type="preference", deduplicate=True, dedup_mode="exact", val_fraction=0.3,
-                       chunk_bytes=1024)
+                       chunk_bytes=4096)  # two chunks: a pair repeats within one and across them
     local = run_local(str(src), str(tmp_path / "local"), config, progress=False)
     run_ray(str(src), f"file://{tmp_path / 'ray'}", config, progress=False)
     assert local["kind"] == "preference" and local["counts"]["dropped"]["duplicate"] == 10
