@@ -111,7 +111,9 @@ counted as (
     select *,
         coalesce(list_position(list_transform(range(1, least(len(cm), len(rm)) + 1),
             lambda i: cm[i] is not distinct from rm[i]), false) - 1, least(len(cm), len(rm))) as shared,
-        case when has_prompt then n_chosen else len(cm) - shared end as nc,
+        case when has_prompt then n_chosen when {paired} then len(cm) - shared
+            else coalesce(list_position(list_reverse(list_transform(cm, lambda m: m.role)), 'user') - 1, 0)
+            end as nc,
         case when has_prompt then n_rejected else len(rm) - shared end as nr
     from joined
 ),

@@ -75,8 +75,9 @@ def _rewrite(*, sides: Mapping[str, str | None], prompt_key: str | None, label_k
     named = {"p": top.slot(prompt_key), "lab": top.slot(label_key),
              "sc": top.slot(score_keys[0]), "sr": top.slot(score_keys[1])}
     named |= {f"s_{name}": top.slot(key) for name, key in sides.items()}
-    # An unpaired record needs its prompt; a pair without one is the implicit form.
-    required = {"prompt": prompt_key, **sides, "label": label_key} if label_key is not None else dict(sides)
+    # Without a prompt (the implicit form) a pair's prompt is what both sides share, and an
+    # unpaired completion is what follows the conversation's last user turn.
+    required = {**sides, "label": label_key} if label_key is not None else dict(sides)
     slot_of = {"prompt_key": "p", "label_key": "lab", "score_chosen_key": "sc", "score_rejected_key": "sr",
                **{f"{name}_key": f"s_{name}" for name in sides}}
     sql = REWRITE.format(
@@ -184,7 +185,7 @@ def _pair_query(*, roles: Sequence[str], sides: dict[str, str], prompt_key: str 
                 score_keys: tuple[str | None, str | None], options: dict[str, Any], markers: Any, strip: bool,
                 template_tools: bool) -> BuilderQuery:
     for option, key in [("prompt_key", prompt_key), *((f"{n}_key", k) for n, k in sides.items())]:
-        check_key(option, key, optional=option == "prompt_key" and label_key is None)
+        check_key(option, key, optional=option == "prompt_key")
     queries = _side_queries(roles, sides, options, markers=markers, strip=strip, template_tools=template_tools)
     rewrite = _rewrite(sides=sides, prompt_key=prompt_key, label_key=label_key, score_keys=score_keys, roles=roles,
                        role_key=options["role_key"], content_key=options["content_key"])
@@ -228,7 +229,8 @@ def preference_builder(
 
 
 def unpaired_builder(
-    *, roles: Sequence[str], prompt_key: str = "prompt", completion_key: str = "completion", label_key: str = "label",
+    *, roles: Sequence[str], prompt_key: str | None = "prompt", completion_key: str = "completion",
+    label_key: str = "label", markers: Mapping[str, str] | None = None, strip: bool = True,
     role_key: str = "role", content_key: str = "content", train_key: str | None = "train",
     weight_key: str | None = "weight", tool_calls_key: str | None = "tool_calls",
     role_map: Mapping[str, str] | None = None, system_key: str | None = None, tools_key: str | None = "tools",
@@ -236,11 +238,14 @@ def unpaired_builder(
     template_tools: bool = False, **_: Any,
 ) -> BuilderQuery:
     """TRL's unpaired (KTO) records: `prompt`, `completion` (each a string or a message list) and
-    a bool `label` (desirable or not). Reasons as `preference`'s, plus `label_not_bool`."""
+    a bool `label` (desirable or not). Without a `prompt`, `completion` is a whole conversation (a
+    message list, or a transcript string as hh-rlhf's) and its completion is what follows its last
+    user turn: hh-rlhf's pairs become KTO rows as `{"completion": chosen, "label": true}` and
+    `{"completion": rejected, "label": false}`. Reasons as `preference`'s, plus `label_not_bool`."""
     options = {"role_key": role_key, "content_key": content_key, "train_key": train_key, "weight_key": weight_key,
                "tool_calls_key": tool_calls_key, "role_map": role_map, "system_key": system_key,
                "tools_key": tools_key, "domain_key": domain_key, "parse_think": parse_think,
                "ignore_fields": list(ignore_fields)}
     return _pair_query(roles=roles, sides={"chosen": completion_key}, prompt_key=prompt_key, label_key=label_key,
-                       score_keys=(None, None), options=options, markers=None, strip=True,
+                       score_keys=(None, None), options=options, markers=markers, strip=strip,
                        template_tools=template_tools)

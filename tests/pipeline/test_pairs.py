@@ -248,3 +248,22 @@ def test_inspect_shows_a_pair_as_its_three_parts(tmp_path: Path, capsys: pytest.
     prompt, chosen, rejected = (text.index(f"· {part}") for part in ("prompt", "chosen", "rejected"))
     assert prompt < chosen < rejected and "[[It is blue." in text and "[[It is green." in text
     assert "What color is the sky?" in text[prompt:chosen] and "[[" not in text[prompt:chosen]
+
+
+def test_hh_pairs_as_kto_rows_equal_the_pairs_own_parts(tmp_path: Path) -> None:
+    """hh-rlhf's pairs unpaired ({"completion": chosen, "label": true}, then rejected, false): each
+    row's prompt and completion are the pair's prompt and its chosen or rejected ids."""
+    tok = write_tiny_tokenizer(tmp_path / "tok")
+    pairs, _ = run(tmp_path / "pairs", ASSETS / "hh.jsonl", "preference", tok=tok)
+    kto = tmp_path / "kto.jsonl"
+    records = [json.loads(line) for line in (ASSETS / "hh.jsonl").read_text().splitlines()]
+    kto.write_text("".join(json.dumps({"completion": r[side], "label": side == "chosen"}) + "\n"
+                           for r in records for side in ("chosen", "rejected")))
+    rows, manifest = run(tmp_path / "unpaired", kto, "unpaired", tok=tok)
+    assert manifest[c.MANIFEST_KIND] == "unpaired" and manifest["counts"]["written"] == 6
+    by_line = {r[c.SOURCE_LINE]: r for r in rows}
+    for pair in pairs:
+        chosen, rejected = by_line[2 * pair[c.SOURCE_LINE]], by_line[2 * pair[c.SOURCE_LINE] + 1]
+        assert chosen[c.PROMPT_IDS] == rejected[c.PROMPT_IDS] == pair[c.PROMPT_IDS]
+        assert (chosen[c.COMPLETION_IDS], chosen[c.LABEL]) == (pair[c.CHOSEN_IDS], True)
+        assert (rejected[c.COMPLETION_IDS], rejected[c.LABEL]) == (pair[c.REJECTED_IDS], False)
