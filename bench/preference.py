@@ -152,14 +152,13 @@ def agreement(dst: Path) -> str:
     """One line: etl's pairs in DST against TRL's `_prepare_dataset` on the same hh pairs, by reason."""
     from transformers import AutoTokenizer
 
-    from etl.analysis.trl_pairs import compare, hh_record, trl_prepare
+    from etl.analysis.trl_pairs import compare, hh_record, pairs_by_line, trl_prepare
 
     with gzip.open(HH, "rt", encoding="utf-8") as f:
         records = [hh_record(json.loads(line)) for line in f]
     table = pq.read_table(dst / "data", columns=[c.SOURCE_LINE, c.PROMPT_IDS, c.CHOSEN_IDS, c.REJECTED_IDS])
-    ours: list = [None] * len(records)
-    for line, *triple in zip(*(table.column(k).to_pylist() for k in table.column_names), strict=True):
-        ours[line] = tuple(triple)
+    found = pairs_by_line(table)
+    ours = [found.get(line) for line in range(len(records))]
     tokenizer = AutoTokenizer.from_pretrained(str(QWEN))
     counts = compare(tokenizer, trl_prepare(records, tokenizer).to_list(), ours)
     differ = ", ".join(f"{reason} {n:,}" for reason, n in counts["differ"].items())

@@ -20,7 +20,15 @@ import pyarrow as pa
 from etl import columns as c
 from etl.analysis.check_template import NO_TRUNCATION, CheckReport, TemplateReference, good_rows
 from etl.analysis.reference import conversation, tools_column
-from etl.analysis.trl_pairs import EQUAL, REASONS, TRL_PATH, Pair, classify, trl_prepare
+from etl.analysis.trl_pairs import (
+    EQUAL,
+    REASONS,
+    TRL_PATH,
+    Pair,
+    classify,
+    pairs_by_line,
+    trl_prepare,
+)
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 from etl.ingest.discover import UnreadableFile, discover
@@ -77,8 +85,7 @@ def _etl_pairs(source_name: str, good: pa.Table, ctx: Resources, report: PairChe
         report.rejected[reason] = report.rejected.get(reason, 0) + n
     out: dict[int, Pair] = {}
     for table in parts.tables:
-        out |= {line: tuple(triple) for line, *triple in zip(*(table.column(k).to_pylist() for k in
-                                                              (c.SOURCE_LINE, *TRIPLE)), strict=True)}
+        out |= pairs_by_line(table)
     return out
 
 

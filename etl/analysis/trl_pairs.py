@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from etl import columns as c
 from etl.errors import EtlError
 from etl.formats.transcript import DEFAULT_MARKERS
 
@@ -172,6 +173,13 @@ def classify(tokenizer: Any, row: Mapping[str, Any], ours: Pair) -> tuple[str, b
     if any(text([*ours[0], *ours[k]]) != text([*theirs[0], *theirs[k]]) for k in (1, 2)):
         return OTHER, warned
     return (BPE if all(w.startswith(alone) for w in whole) else TEMPLATE), warned
+
+
+def pairs_by_line(table: Any) -> dict[int, Pair]:
+    """etl's (prompt, chosen, rejected) ids by source line, from a table of pair rows. Python lists:
+    the comparison with TRL's per-example rows is one pair at a time anyway (not a hot path)."""
+    columns = [table.column(k).to_pylist() for k in (c.SOURCE_LINE, c.PROMPT_IDS, c.CHOSEN_IDS, c.REJECTED_IDS)]
+    return {line: tuple(triple) for line, *triple in zip(*columns, strict=True)}  # type: ignore[misc]
 
 
 def compare(tokenizer: Any, trl_rows: Sequence[Mapping[str, Any]], ours: Sequence[Pair | None]) -> dict[str, Any]:
