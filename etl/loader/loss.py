@@ -63,15 +63,23 @@ def token_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     does, for sums that do not drift in bf16. Untrained labels (-100) give 0; a ``labels`` batch
     is shifted here (position i against ``labels[:, i + 1]``), so the result lines up with
     ``segment_ids`` for either target. Multiply by ``loss_weight`` first if the data has weights.
+
+    The logits of ``model(**hf_inputs(batch, model))`` are taken as they come: for a ``y`` batch
+    `etl.loader.hf_inputs` widens the input by one column (x plus y's last label, so the model
+    scores every label), and those (B, T + 1, V) logits are cut back to the T that predict ``y``
+    (the extra column's own prediction is never a label).
     """
     key, labels = _labels(batch)
     if key == "labels":  # the model's shift: the last position predicts nothing
         labels = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
     num_rows, width = labels.shape
+    if key == "y" and logits.dim() == 3 and tuple(logits.shape[:2]) == (num_rows, width + 1):
+        logits = logits[:, :width]  # hf_inputs' widened row: logits[i] predicts y[i]
     if logits.shape[:2] != (num_rows, width):
         raise EtlError(
             f"logits {tuple(logits.shape)} do not match the batch's labels {(num_rows, width)}: "
-            "pass the model's (B, T, V) logits for this batch's input ids"
+            "pass the model's (B, T, V) logits for this batch's input ids (or T + 1 columns, "
+            "the logits of model(**etl.loader.hf_inputs(batch, model)))"
         )
     flat = F.cross_entropy(
         logits.flatten(0, 1).float(), labels.flatten(), reduction="none", ignore_index=IGNORE_INDEX

@@ -270,3 +270,23 @@ def test_unpacked_batches_and_unknown_implementations_say_what_to_pass(dst: Path
     model.config._attn_implementation = "flex_attention"  # CPU, train(): the backward would raise
     with pytest.warns(EtlWarning, match="backward"):
         hf_inputs(packed(dst)[0], model)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("target", ["y", "labels"])
+def test_loss_helpers_take_the_logits_of_hf_inputs_as_they_come(dst: Path, target: str) -> None:
+    # hf_inputs widens a y batch by one column (T + 1 logits); the helpers align them, and the
+    # token mean equals the model's own loss on the same keywords (transformers' shift and mean).
+    from etl.loader import token_losses as etl_token_losses
+    from etl.loader import token_mean_loss
+
+    model = tiny_qwen2(vocab(dst), "sdpa")
+    for batch in packed(dst, target):
+        kw = hf_inputs(batch, model)
+        out = model(**kw)
+        assert out.logits.shape[1] == batch[target].shape[1] + (target == "y")
+        losses = etl_token_losses(out.logits, batch)
+        assert losses.shape == batch[target].shape
+        assert float(token_mean_loss(losses, batch)) == pytest.approx(float(out.loss), rel=1e-6)  # float32 CE
+    with pytest.raises(EtlError, match=r"T \+ 1 columns"):  # any other width is still refused
+        etl_token_losses(out.logits[:, :-2], batch)
