@@ -52,6 +52,7 @@ def run_outcome(manifest: dict[str, Any], dst: str, *, quiet: bool) -> tuple[int
     counts = manifest["counts"]
     empty = bool(counts["read"]) and not counts["written"]
     status, lines = _incomplete(manifest, empty=empty)
+    lines += _header_cut(manifest)
     if not empty:
         return status, lines
     if quiet and (hint := _format_hint(manifest, dst)):  # the one line that says how to fix it
@@ -133,6 +134,22 @@ def _incomplete(manifest: dict[str, Any], *, empty: bool) -> tuple[int, list[str
         status = "" if empty else f" (exit status {EXIT_INCOMPLETE})"
         lines.append(f"etl run: warning: {len(lost)} input(s) incomplete; the output holds everything else{status}")
     return (EXIT_INCOMPLETE if lost else EXIT_OK), lines
+
+
+def _header_cut(manifest: dict[str, Any]) -> list[str]:
+    """The warning for examples written without a whole header (`etl.pipeline.truncation.headers_cut`).
+
+    They stay written: DESIGN's whole-turn truncation ends in a hard cut that keeps the final
+    end-of-turn, and a long final answer is cut that way at any S; the line says how many and
+    how to get whole turns instead (a larger S, or `drop`, which skips what does not fit).
+    """
+    counts = manifest["counts"]
+    if not (cut := counts.get("header_cut")):
+        return []
+    policy = (manifest.get("config") or {}).get("truncation", "drop_oldest_turns")
+    return [(f"etl run: warning: {cut:,} of {counts['written']:,} examples written were cut through a turn's "
+            f"header to fit --seq-len {manifest['seq_len']:,} (truncation {policy}: the window starts or ends "
+            "inside a turn); raise --seq-len, or pass --truncation drop to drop what does not fit")]
 
 
 def _lost(item: dict[str, Any]) -> str:

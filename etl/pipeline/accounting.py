@@ -31,6 +31,7 @@ class Counts:
     trained_tokens: int = 0
     repeated: int | None = None  # a mixture's extra copies of records (rows = written + repeated)
     over_shared: int = 0  # preference pairs written whose prompt + chosen + rejected exceeds S
+    header_cut: int = 0  # examples written whose window cuts through a turn's header (a short S)
     dropped: Counter[str] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)
     # Records read per input file, for the warning that says how much of a damaged file was kept.
@@ -50,6 +51,7 @@ class Counts:
         self.tokens += other.tokens
         self.trained_tokens += other.trained_tokens
         self.over_shared += other.over_shared
+        self.header_cut += other.header_cut
         if other.repeated is not None:
             self.repeated = (self.repeated or 0) + other.repeated
         self.dropped.update(other.dropped)
@@ -65,6 +67,7 @@ class Counts:
             "read": self.read,
             "written": self.written,
             "truncated": self.truncated,
+            **({"header_cut": self.header_cut} if self.header_cut else {}),
             "dropped": {k: v for k, v in sorted(self.dropped.items()) if v},
             "rejected": {k: v for k, v in sorted(self.rejected.items()) if v},
             "tokens": self.tokens,
@@ -78,7 +81,8 @@ class Counts:
         return cls(read=data["read"], written=data["written"], truncated=data["truncated"], tokens=data["tokens"],
                    trained_tokens=data["trained_tokens"], repeated=data.get("repeated"),
                    dropped=Counter(data["dropped"]), rejected=Counter(data["rejected"]),
-                   incomplete=list(data.get("incomplete", [])), over_shared=data.get("over_shared", 0))
+                   incomplete=list(data.get("incomplete", [])), over_shared=data.get("over_shared", 0),
+                   header_cut=data.get("header_cut", 0))
 
 
 class Timings(Counter[str]):

@@ -25,6 +25,7 @@ from etl.pipeline.accounting import Counts, Timings, tally
 from etl.pipeline.build import build_examples, records_frame
 from etl.pipeline.pairs import write_pairs
 from etl.pipeline.resources import Resources
+from etl.pipeline.truncation import headers_cut
 
 NO_TRAINED = "no_trained_tokens"
 DUPLICATE = "duplicate"
@@ -142,6 +143,7 @@ def _write_examples(
         examples.select(c.CONV, c.ID, c.SPLIT), on=c.CONV, how="inner", maintain_order="left"
     )
     turns = turns.with_columns(pl.col(c.TURN_LEN).alias(c.NUM_TOKENS))
+    counts.header_cut += headers_cut(turns)
     names = sorted(examples[c.SPLIT].unique().to_list())
     for split in names:
         # One split (no val fraction): the chunk as it is, without a filter's copy of its ids.

@@ -19,7 +19,9 @@ from etl.columns import (
     CONV,
     CUT,
     DROP_REASON,
+    HEADER_LEN,
     KEEP_WHOLE,
+    KEPT,
     POS,
     ROLE,
     SEP_LEN,
@@ -250,3 +252,17 @@ def plan_truncation(
         .with_columns(pl.max_horizontal(pl.col(STOP) - seq_len, 0).alias(CUT))
         .with_columns((pl.col(STOP) - pl.col(CUT)).alias(WINDOW))
     )
+
+
+def headers_cut(turns: pl.DataFrame) -> int:
+    """Conversations whose kept window cuts through the header of a turn it keeps (part of it).
+
+    The hard cut of `drop_oldest_turns` starts the window inside a turn and `right` ends it inside
+    one: the example then holds text without the role header that says who speaks. A short
+    seq_len (16) does this to every example; `etl run` warns with this count (one pass over the
+    plan's few integer columns per turn: ~1 ms per 10k turns).
+    """
+    lo = pl.col(CUT) - pl.col(POS)  # the window in the turn's own coordinates
+    hi = lo + pl.col(WINDOW)
+    cut = pl.col(KEPT) & (pl.col(HEADER_LEN) > 0) & ((lo > 0) | (hi < pl.col(HEADER_LEN)))
+    return int(turns.lazy().filter(cut).select(pl.col(CONV).n_unique()).collect().item())
