@@ -11,7 +11,8 @@ torch. The episode export and its `EpisodeDataLoader` live in `etl.export`.
 
 Preference data (manifest kind ``preference``): padded batches as TRL's DataCollatorForPreference,
 or ``packing="bfd"``: each pair once as [prompt, chosen, rejected] (`pack_pairs`,
-`pair_hf_inputs`, `completion_logps`, `dpo_loss`).
+`pair_hf_inputs`, `completion_logps`, `dpo_loss`); unpaired (KTO) rows:
+`unpaired_logps`, `kto_loss`.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ _EXPORTS = {
     "pair_hf_inputs": "pairs_attention",
     "completion_logps": "pairs_logps",
     "dpo_loss": "pairs_logps",
+    "kto_loss": "pairs_kto",
+    "unpaired_logps": "pairs_kto",
     "document_block_mask": "attention",
     "document_sdpa_mask": "attention",
     "hf_inputs": "hf_kwargs",  # not hf_inputs.py: a submodule of that name would shadow it

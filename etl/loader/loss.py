@@ -57,7 +57,8 @@ def trained_positions(batch: Batch) -> torch.Tensor:
 
 
 def token_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """(B, T) float32 cross-entropy of ``logits`` (B, T, V) against the batch's labels, per position.
+    """(B, T) cross-entropy of ``logits`` (B, T, V) against the batch's labels, per position, in at
+    least float32 (float64 logits stay float64).
 
     Trade-off: the float32 upcast of (B, T, V) logits costs memory, as transformers' own loss
     does, for sums that do not drift in bf16. Untrained labels (-100) give 0; a ``labels`` batch
@@ -82,7 +83,8 @@ def token_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
             "the logits of model(**etl.loader.hf_inputs(batch, model)))"
         )
     flat = F.cross_entropy(
-        logits.flatten(0, 1).float(), labels.flatten(), reduction="none", ignore_index=IGNORE_INDEX
+        logits.flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32)), labels.flatten(),
+        reduction="none", ignore_index=IGNORE_INDEX,
     )
     return flat.view(num_rows, width)
 

@@ -101,10 +101,13 @@ def collate_unpaired(
     batch: PairRows | Sequence[Mapping[str, Any]], *, strategy: str = "fixed", **options: Any
 ) -> dict[str, np.ndarray]:
     """Unpaired (KTO) rows -> an SFT batch of prompt + completion (`etl.loader.collate`: ``x``,
-    ``y``, ``loss_mask`` = the completion's mask, shifted) plus ``label`` (B,) bool.
+    ``y``, ``loss_mask`` = the completion's mask, shifted) plus ``label`` (B,) bool, plus the
+    mismatched rows of KTO's KL term: ``kl_x``, ``kl_y``, ``kl_loss_mask``, ``kl_attention_mask``,
+    row i = prompt i + the completion of row i - 1 (row 0: of the last row), as TRL's
+    ``KL_completion_ids`` cycles them (`etl.loader.pairs_kto.unpaired_logps`).
 
-    Trade-off: none beyond SFT's; KTO's KL term pairs each prompt with another row's completion,
-    which the trainer builds from these rows.
+    Trade-off: the mismatched rows double the collate's work (one more vectorized gather) for
+    a term KTO needs in every step; with one row a batch the mismatched row is the row itself.
 
     Args:
         batch: a `PairRows` of kind ``unpaired``, or dicts with ``prompt_ids``,
@@ -114,4 +117,9 @@ def collate_unpaired(
     rows = _rows(batch, "unpaired")
     out = collate(rows.join(), strategy=strategy, **options)
     out[LABEL] = np.asarray(rows.label, dtype=bool)
+    prompt, completion = rows.parts
+    previous = np.roll(np.arange(len(rows)), 1)  # only starts and lengths move: no token copied
+    mismatched = PairRows(rows.kind, (prompt, completion.reorder(previous)), rows.label)
+    kl = collate(mismatched.join(), strategy=strategy, **options)
+    out.update({f"kl_{k}": kl[k] for k in ("x", "y", "loss_mask", "attention_mask")})
     return out

@@ -10,6 +10,7 @@ to float32 first (one (B, S, V) copy: sums of bf16 log-probs lose ~3 digits).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,6 +83,17 @@ def completion_logps(logits: torch.Tensor, batch: Mapping[str, Any]) -> tuple[to
     return sums[0::2], sums[1::2]
 
 
+def check_positive(owner: str, name: str, value: Any, *, zero: bool = False) -> float:
+    """``value`` as a float, checked finite and > 0 (>= 0 with ``zero``): a negative beta trains
+    the policy away from the chosen answers and a NaN one makes every loss NaN, silently."""
+    low = ">= 0" if zero else "> 0"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (value == 0 and not zero):
+        raise ValueError(f"{owner}({name}=...) must be a finite number {low}, got {value!r}"
+                         + ("; TRL's default beta is 0.1" if name == "beta" else ""))
+    return float(value)
+
+
 def dpo_loss(
     chosen_logps: torch.Tensor, rejected_logps: torch.Tensor, ref_chosen_logps: torch.Tensor,
     ref_rejected_logps: torch.Tensor, *, beta: float = 0.1,
@@ -92,6 +104,10 @@ def dpo_loss(
 
     Trade-off: the plain form for examples and tests; TRL's trainer adds the variants (IPO,
     label smoothing, length normalization).
+
+    Raises:
+        ValueError: ``beta`` is not a finite number > 0.
     """
+    check_positive("dpo_loss", "beta", beta)
     margin = (chosen_logps - ref_chosen_logps) - (rejected_logps - ref_rejected_logps)
     return -F.logsigmoid(beta * margin).mean()
