@@ -16,11 +16,13 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 
 from etl.columns import RAY_CONNECT_TIMEOUT_S
 from etl.errors import EtlError
@@ -41,9 +43,10 @@ def connect(address: str | None, *, timeout: float | None = None, quiet: bool = 
     30), or start a local one (no deadline: Ray's start waits in Python, so Ctrl-C works); True if
     we started it.
 
-    `quiet` (--quiet): Ray's Python warnings too (its token-auth notice); a failure still reaches
-    the user as an exception. Ray's C++ core logs on its own (RAY_BACKEND_LOG_LEVEL; setting it
-    prints a line of its own).
+    `quiet` (--quiet): Ray's Python warnings too (its token-auth notice), and no worker output
+    forwarded to the driver; a failure still reaches the user as an exception. Ray's C++ core
+    writes to stderr past Python's logging (RAY_BACKEND_LOG_LEVEL is read only once the core worker
+    starts, after the connect's retries, and prints a line of its own): `held_stderr` holds it.
 
     Raises:
         EtlError: one line naming the address and what to do, when no cluster answered in time.
@@ -58,7 +61,8 @@ def connect(address: str | None, *, timeout: float | None = None, quiet: bool = 
     level = logging.ERROR if quiet else logging.WARNING
     target = address or os.environ.get("RAY_ADDRESS") or None
     if target in (None, "local"):
-        _init(address, level)
+        with held_stderr(replay=not quiet):
+            _init(address, level)
         return True
     source = "--ray-address" if address else "RAY_ADDRESS"
     where, advice = f"{target} ({source})", _advice(source)
@@ -68,11 +72,57 @@ def connect(address: str | None, *, timeout: float | None = None, quiet: bool = 
     logging.getLogger("ray._private.worker").addFilter(_drop_sigterm_note)
     attempt = _Attempt(lambda: _probe(target, where, advice, timeout=timeout),
                        lambda: _init(address, level, where, advice))
-    if attempt.wait(timeout):
-        return True
-    stage = ("accepts connections but no Ray cluster answered" if attempt.reached.is_set()
-             else "did not answer (a host that is down, or a firewall that drops the connection)")
-    raise EtlError(f"--engine ray: {where} {stage} within {timeout:g} s; {advice}, or raise --ray-timeout")
+    # A failed connect is etl's one line: Ray's C++ GCS client logs each retry (~20 lines, 1 s apart).
+    with held_stderr(replay=not quiet) as hold:
+        if attempt.wait(timeout):
+            return True
+        hold.for_good = True  # the abandoned attempt keeps retrying (and logging) until the process ends
+        stage = ("accepts connections but no Ray cluster answered" if attempt.reached.is_set()
+                 else "did not answer (a host that is down, or a firewall that drops the connection)")
+        raise EtlError(f"--engine ray: {where} {stage} within {timeout:g} s; {advice}, or raise --ray-timeout")
+
+
+@dataclass
+class _Hold:
+    for_good: bool = False  # keep holding fd 2 after the block; sys.stderr moves to a copy of it
+
+
+@contextlib.contextmanager
+def held_stderr(*, replay: bool) -> Iterator[_Hold]:
+    """Hold what the process writes to file descriptor 2 in the block, then write it out when the
+    block ends well and `replay`, or when an error other than etl's own (or Ctrl-C) ends it: Ray's
+    lines may explain that one. Ray's C++ core writes there past Python's logging (`gcs_client.cc` per connect
+    retry, `core_worker.cc` during a run); an EtlError is one line of its own, printed after.
+    The held text goes to an unlinked temporary file (a few KiB per run). With `for_good` set,
+    fd 2 stays held after the block (an abandoned connect attempt's C++ thread logs there until
+    the process ends) and Python's sys.stderr writes to the real stderr through a copy of it.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    hold = _Hold()
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        show = replay
+        try:
+            yield hold
+        except (EtlError, KeyboardInterrupt):
+            show = False
+            raise
+        except BaseException:
+            show = True
+            raise
+        finally:
+            sys.stderr.flush()
+            if hold.for_good:
+                sys.stderr = open(saved, "w", encoding=sys.stderr.encoding, errors="backslashreplace",  # noqa: SIM115
+                                  buffering=1)
+            else:
+                os.dup2(saved, 2)
+                os.close(saved)
+            if show:
+                held.seek(0)
+                sys.stderr.buffer.write(held.read())
+                sys.stderr.flush()
 
 
 def _advice(source: str) -> str:
@@ -106,14 +156,15 @@ def _init(address: str | None, level: int, where: str = "the cluster",
     import ray
 
     try:
-        ray.init(address=address, logging_level=level)
+        # log_to_driver: with --quiet (level ERROR) no worker prints reach this process
+        ray.init(address=address, logging_level=level, log_to_driver=level < logging.ERROR)
     except ConnectionError as exc:
         # Ray's last try, as text (a traceback in a RuntimeError), after its ~20 s of retries.
         if "AuthenticationError" in str(exc.__cause__):
             raise EtlError(f"--engine ray: {where} refused this driver's auth token; export RAY_AUTH_MODE=token "
                            "(Ray turns it on by itself only for a cluster it finds locally) and give this user "
                            "the cluster's token (~/.ray/auth_token, or RAY_AUTH_TOKEN)") from exc
-        raise EtlError(f"--engine ray: {exc}; {advice}") from exc
+        raise EtlError(f"--engine ray: {where} is not a Ray cluster that answers ({exc}); {advice}") from exc
 
 
 class _Attempt:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from etl.cache.folder import CacheSettings
 from etl.config.run_config import RunConfig
-from etl.engine.ray_connect import connect
+from etl.engine.ray_connect import connect, held_stderr
 from etl.errors import EtlError
 from etl.ingest.discover import Source
 from etl.output.part_writer import PartWriter, StagedParts
@@ -142,15 +142,18 @@ class RayEngine:
         with ThreadPoolExecutor(max_workers=1) as pool:  # the tokenizer loads while Ray starts (~0.5 s)
             loading = pool.submit(build_resources, config, cache=cache)
             owns_ray = connect(self.address, timeout=self.connect_timeout, quiet=not progress)
-        try:
-            res = loading.result()
-            DataContext.get_current().enable_progress_bars = progress
-            if not progress:  # --quiet: Ray Data's plan and timing lines too
-                logging.getLogger("ray.data").setLevel(logging.ERROR)
-            yield res
-        finally:
-            if owns_ray:
-                ray.shutdown()
+        # --quiet: Ray's own lines in the run (the driver's C++ core logs, Ray Data's UserWarnings)
+        # are held and dropped; `connect` holds its own
+        with held_stderr(replay=False) if not progress else contextlib.nullcontext():
+            try:
+                res = loading.result()
+                DataContext.get_current().enable_progress_bars = progress
+                if not progress:  # --quiet: Ray Data's plan and timing lines too
+                    logging.getLogger("ray.data").setLevel(logging.ERROR)
+                yield res
+            finally:
+                if owns_ray:
+                    ray.shutdown()
 
     def map_chunks(self, sources: list[RunSource], files: list[list[Source]], res: Resources, parts: PartWriter, *,
                    progress: bool) -> list[Counts]:

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +42,26 @@ def silent_port() -> Iterator[socket.socket]:
     with socket.create_server(("", 0)) as server:
         server.settimeout(60)
         yield server
+
+
+@pytest.fixture()
+def http_port() -> Iterator[int]:
+    """A port that answers every connection with an HTTP 404 at once (a proxy, a web server): Ray's
+    GCS client logs a `gcs_client.cc` warning per retry, one a second, past Python's logging."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
 
 
 def _etl(tmp_path: Path, address: str, timeout: str) -> list[str]:
@@ -104,3 +125,13 @@ def test_a_timeout_must_be_positive() -> None:
         with pytest.raises(EtlError, match=r"^--ray-timeout is .*; pass a positive number of seconds"):
             check_timeout(bad)
 
+
+
+def test_a_port_that_answers_but_is_not_ray_fails_in_one_line(tmp_path: Path, env: dict[str, str],
+                                                              http_port: int) -> None:
+    address = f"127.0.0.1:{http_port}"
+    done = subprocess.run(_etl(tmp_path, address, "4"), env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr  # Ray's retries held: etl's line alone
+    assert done.stderr.startswith(f"etl run: error: --engine ray: {address} (--ray-address) accepts connections")

@@ -153,6 +153,15 @@ def test_killed_ray_run_leaves_no_manifest_and_reruns(ray_cluster: dict[str, str
     _same(tmp_path / "local", dst)
 
 
+def test_a_quiet_ray_run_prints_nothing(ray_cluster: dict[str, str], tmp_path: Path) -> None:
+    """Ray's own lines (the driver's `core_worker.cc` errors, Ray Data's UserWarnings) held too."""
+    (tmp_path / "raw.jsonl").write_text("".join(json.dumps(_chat(i)) + "\n" for i in range(20)))
+    cmd = [sys.executable, "-m", "etl", "run", str(tmp_path / "raw.jsonl"), str(tmp_path / "d"), "--engine", "ray",
+           "--quiet"]
+    done = subprocess.run(cmd, env=ray_cluster, capture_output=True, text=True, timeout=300, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
 @pytest.mark.shared
 @pytest.mark.skipif(not T0.exists() or not QWEN.exists(), reason="../shared data absent")
 def test_ray_equals_local_on_t0(ray_cluster: dict[str, str], tmp_path: Path) -> None:
