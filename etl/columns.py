@@ -48,6 +48,9 @@ DATA_DIR = "data"
 TURNS_DIR = "turns"
 REJECTS_DIR = "_rejects"
 VAL_STORAGE_DIR = "_val"  # bin/h5 export of the val split: DST/_val/<domain>/
+# Tokens per bin/h5 shard (`output.max_tokens_per_shard`, `etl export --max-tokens-per-shard`):
+# 800 MB of int64 per stream file.
+DEFAULT_MAX_TOKENS_PER_SHARD = 100_000_000
 # Files of the writer protocol (etl.output.ownership): an export's record of what it wrote, the journal
 # of paths a writer is about to create, and the lock one writer at a time holds.
 EXPORT_FILE = "_export.json"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from etl.columns import RAY_CONNECT_TIMEOUT_S
@@ -50,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(only the files its manifest lists are replaced)")
     p.add_argument("--config", help="JSON or TOML config file (keys: `etl config`); "
                    "flags override it")
-    add_flags(p, ("tokenizer", "tokenizer_backend", "template", "seq_len", "input_type", "truncation"))
+    add_flags(p)  # every flag a setting declares (etl.config.file, RunConfig): none left off by hand
     p.add_argument("--no-default-system", action="store_true",
                    help="do not insert a system message when missing (default_system: null in a config; "
                    "default: the template's own)")
@@ -62,7 +63,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-timeout", type=float, metavar="SECONDS",
                    help="with --engine ray: seconds to wait for the cluster at the address to answer before "
                    f"giving up with an error (default {RAY_CONNECT_TIMEOUT_S:g})")
-    add_flags(p, ("chunk_bytes", "max_record_bytes"))
     _add_cache_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--timings", action="store_true",
@@ -93,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     src, dst = _locations(args.src, args.dst, mixture=config.mixture is not None)
+    if config.storage_format == "h5":  # a missing h5py fails before DST is touched, not after the run
+        from etl.export.backends import require_h5py
+
+        require_h5py()
     if args.no_cache and args.cache:
         raise EtlError("--cache and --no-cache contradict each other; pass one")
     cache = CacheSettings.resolve(args.cache, disabled=args.no_cache, max_gb=args.cache_max_gb)
@@ -119,9 +123,27 @@ def run(args: argparse.Namespace) -> int:
         manifest = run_pipeline(src, dst, config, progress=not args.quiet, timings=timings, cache=cache)
     if not args.quiet:
         _print(summary_lines(manifest, dst))
+    if config.storage_format is not None:
+        _print(_export_stage(dst, config, quiet=args.quiet))
     if args.timings:
         _print(timing_lines(timings, manifest))
     return exit_status(manifest, dst, quiet=args.quiet)
+
+
+def _export_stage(dst: str, config: Any, *, quiet: bool) -> list[str]:
+    """The token files the config's `output.storage_format` asks for, written into DST from the
+    finished run (etl.export.run_stage); one summary line per split."""
+    from etl.export.run_stage import export_run, split_folder
+    from etl.ingest.discover import is_uri
+    from etl.ingest.location import local_path
+
+    out = Path(local_path(dst, what="DST") if is_uri(dst) else dst)
+    counts = export_run(out, storage_format=config.storage_format, max_tokens_per_shard=config.max_tokens_per_shard,
+                        progress=not quiet)
+    return [] if quiet else [
+        f"etl run: {config.storage_format} token files of {split}: {sum(d['sequences'] for d in domains.values()):,} "
+        f"sequences, {sum(d['tokens'] for d in domains.values()):,} tokens in {len(domains)} domain folder(s) of "
+        f"{split_folder(out, split)}" for split, domains in counts.items()]
 
 
 def _locations(src: str | None, dst: str | None, *, mixture: bool) -> tuple[str, str]:

@@ -33,10 +33,17 @@ def _dest(flag: str | None) -> str:
     return str(flag).lstrip("-").replace("-", "_")  # `--max-record-mb` -> max_record_mb
 
 
-def add_flags(p: argparse.ArgumentParser, attrs: tuple[str, ...], **defaults: Any) -> None:
-    """Add the flags of RunConfig's `attrs` (choices, type, help from their declarations); flags
-    default to None so a config file's value stands; `defaults` gives a command its own default."""
-    for attr in attrs:
+def declared_flags() -> tuple[str, ...]:
+    """RunConfig's settings that declare a flag (`key(..., flag=...)`), in declaration order:
+    `etl run` takes every one, so a declared flag cannot be left off its command line."""
+    return tuple(attr for attr, k in _KEYS.items() if k.flag)
+
+
+def add_flags(p: argparse.ArgumentParser, attrs: tuple[str, ...] | None = None, **defaults: Any) -> None:
+    """Add the flags of RunConfig's `attrs` (None: every declared flag, `etl run`'s; choices, type,
+    help from their declarations); flags default to None so a config file's value stands;
+    `defaults` gives a command its own default."""
+    for attr in declared_flags() if attrs is None else attrs:
         info, k = RunConfig.model_fields[attr], _KEYS[attr]
         default = defaults.get(attr, info.default)
         shown = f"{default / MIB:g} MiB" if k.mib else (default if isinstance(default, str) else show(default))
@@ -96,6 +103,7 @@ def config_from_dict(doc: dict[str, Any]) -> dict[str, Any]:
             if key not in builder_options(input_type):
                 raise EtlError(f"config: preprocessing.{key} applies to input.type text only")
             inp[key] = pre[key]
+    _output_keys(doc.get("output", {}), inp, input_type)
     # Pretraining text has no turns to drop: it keeps its first seq_len tokens.
     truncation = doc.get("truncation", "right" if input_type == "text" else "drop_oldest_turns")
     if isinstance(truncation, dict):
@@ -117,6 +125,27 @@ def config_from_dict(doc: dict[str, Any]) -> dict[str, Any]:
     if input_type == "text":
         kwargs["default_system"] = None
     return kwargs
+
+
+def _output_keys(output: dict[str, Any], inp: dict[str, Any], input_type: str) -> None:
+    """The declarative schema's `output` keys that are not settings of their own: `domain_key` is
+    the input's option (added to `inp`), `max_tokens_per_shard` sizes the token files only.
+
+    Raises:
+        EtlError: output.domain_key other than input.domain_key, or for an input type without one;
+            max_tokens_per_shard without storage_format (it would do nothing).
+    """
+    if (name := output.get("domain_key")) is not None:
+        if inp.get("domain_key", name) != name:
+            raise EtlError(f"config: output.domain_key is {name!r} but input.domain_key is {inp['domain_key']!r}; "
+                           "keep one of them (both name the record key of the example's domain)")
+        if "domain_key" not in builder_options(input_type):
+            raise EtlError(f"config: output.domain_key does not apply to input.type {input_type} (its records "
+                           "carry no domain key); remove it")
+        inp["domain_key"] = name
+    if "max_tokens_per_shard" in output and output.get("storage_format") is None:
+        raise EtlError("config: output.max_tokens_per_shard sizes the bin/h5 token files; set "
+                       "output.storage_format to bin or h5, or remove it")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

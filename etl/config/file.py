@@ -15,6 +15,7 @@ from etl.columns import (
     AUTO_TEMPLATE,
     DEFAULT_MAX_CHARS,
     DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_MAX_TOKENS_PER_SHARD,
     DEFAULT_MIN_CHARS,
     DEFAULT_SEQ_LEN,
     DEFAULT_SYSTEM_TEXT,
@@ -39,6 +40,7 @@ MaskAction = Literal["mask", "train"]
 MixBy = Literal["tokens", "examples"]
 MixTotal = Literal["sum", "first_exhausted", "all_exhausted"]
 TokenizerBackend = Literal["auto", "hf", "gigatoken"]
+StorageFormat = Literal["bin", "h5"]  # etl.export.backends.BACKENDS
 TURN_POLICIES: tuple[str, ...] = get_args(TurnPolicy)
 CANONICAL_ROLES: tuple[str, ...] = get_args(Role)
 FIELD_ROLES = dict(zip(get_args(FieldRole), ("user", "assistant"), strict=True))
@@ -116,6 +118,20 @@ class Split(Section):
     seed: int = key(0, "seed of the val draw")
 
 
+class Output(Section):
+    """`output`: token files written next to the Parquet output, by the bin/h5 export stage."""
+
+    domain_key: str | None = key(None, "the record key naming each example's domain: input.domain_key "
+                                 "under the declarative schema's name; null: input.domain_key's")
+    storage_format: StorageFormat | None = key(
+        None, "after the run, also write the token files into DST (as `etl export DST DST --format F`): "
+        "the train split as `DST/<domain>/`, the val split as `DST/_val/<domain>/`; bin: raw int64, mmap-able; "
+        "h5: HDF5, needs h5py; null: Parquet only")
+    max_tokens_per_shard: int = key(DEFAULT_MAX_TOKENS_PER_SHARD, "tokens per bin/h5 shard file (a sequence is "
+                                    "never split); needs storage_format", gt=0,
+                                    limit="must be a positive integer, got {value}")
+
+
 class SourceKeys(Section):
     """The keys of one `sources` entry that are its own; it may set `SOURCE_OPTIONS` too."""
 
@@ -166,6 +182,7 @@ class ConfigFile(Section):
         = Field(default_factory=Truncation, description=Truncation.__doc__)
     mask_options: MaskTokens = Field(default_factory=MaskTokens, description=MaskTokens.__doc__)
     split: Split = Field(default_factory=Split, description=Split.__doc__)
+    output: Output = Field(default_factory=Output, description=Output.__doc__)
     default_system: str | None = key(DEFAULT_SYSTEM_TEXT, "system message inserted where a conversation has "
                                      "none; null: none; not given: the template's own (presets: this default; "
                                      "hf: the one its chat_template writes, or none)")

@@ -21,6 +21,7 @@ from etl.config.file import (
     MixTotal,
     PairFit,
     ReasoningTurns,
+    StorageFormat,
     TokenizerBackend,
     TurnPolicy,
 )
@@ -106,6 +107,8 @@ class RunConfig(Settings):
                            "MiB)", flag="--chunk-mb", mib=True, gt=0, lt=MAX_CHUNK_BYTES + 1,
                            limit=f"must be positive and at most {MAX_CHUNK_BYTES} bytes, got {{value}}")
     max_record_bytes: int = at("preprocessing.max_record_bytes")
+    storage_format: StorageFormat | None = at("output.storage_format")
+    max_tokens_per_shard: int = at("output.max_tokens_per_shard")
     mixture: Mixture | None = None  # a mixture's sources, each with its own RunConfig; None: one SRC
 
     @property
@@ -140,8 +143,11 @@ class RunConfig(Settings):
     def to_json(self) -> dict[str, Any]:
         """The manifest's `config` (and part of the run's identity): its keys as they have always been.
         `tokenizer_backend` changes no id (the run checks it), so it is left out: the manifest's
-        `token_cache.backend` says which encoded the run."""
-        body = self.model_dump(exclude={"chunk_bytes", "max_record_bytes", "mixture", "tokenizer_backend"})
+        `token_cache.backend` says which encoded the run. So are `storage_format` and
+        `max_tokens_per_shard`: the Parquet output is the same with or without token files, which
+        the export stage's record (`_export.json`) describes."""
+        body = self.model_dump(exclude={"chunk_bytes", "max_record_bytes", "mixture", "tokenizer_backend",
+                                        "storage_format", "max_tokens_per_shard"})
         body |= {"domain_key": self.domain_key, "chunk_bytes": self.chunk_bytes,
                  "max_record_bytes": self.max_record_bytes}
         return body if self.mixture is None else {**body, "mixture": self.mixture.to_json()}

@@ -33,11 +33,6 @@ from etl.formats.builders import BUILDERS
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 _ERROR_NAMES = {"mask_default": "mask.mask_default"}  # mask_default is the rule of `mask`
-_EXPORT = "bin/h5 token files are written from a finished run by `etl export DST OUT --format bin|h5`"
-_GONE = {  # the output.* keys `etl run` refuses, and where they went
-    "storage_format": _EXPORT, "max_tokens_per_shard": f"{_EXPORT} --max-tokens-per-shard N",
-    "domain_key": "the record key naming each example's domain is input.domain_key",
-}
 
 
 def builder_options(input_type: str) -> dict[str, inspect.Parameter]:
@@ -90,9 +85,6 @@ def check_file(doc: Any) -> None:
     Raises:
         EtlError: one line naming the first bad key (dotted, as in the file) and what is allowed.
     """
-    output = doc.get("output") if isinstance(doc, dict) else None
-    for key in (k for k in _GONE if isinstance(output, dict) and k in output):
-        raise EtlError(f"config: output.{key} is not a setting of `etl run`: {_GONE[key]}")
     try:
         _file_model().model_validate(doc)
     except ValidationError as exc:

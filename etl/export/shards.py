@@ -170,10 +170,10 @@ def _domains_of(table: pa.Table) -> list[tuple[str, np.ndarray | None]]:
 
 
 def row_groups(
-    files: list[Path], *, weights: bool
+    files: list[Path], *, weights: bool, progress: bool = True
 ) -> Iterator[tuple[list[tuple[str, np.ndarray | None]], Ragged]]:
     """Each row group of the split as (domains, examples); memory: one row group at a time."""
-    with rows_bar(files, desc="etl export") as bar:
+    with rows_bar(files, desc="etl export", enabled=progress) as bar:
         yield from _row_groups(files, weights=weights, bar=bar)
 
 
@@ -200,13 +200,13 @@ def _row_groups(
 
 
 def write_domains(
-    files: list[Path], out: Path, *, backend: Backend, limit: int
+    files: list[Path], out: Path, *, backend: Backend, limit: int, progress: bool = True
 ) -> dict[str, _DomainWriter]:
     """Append every row group to its domains' writers; on failure remove their temporary files."""
     writers: dict[str, _DomainWriter] = {}
     folded: dict[str, str] = {}  # casefolded folder -> domain: macOS/Windows names ignore case
     try:
-        for domains, rg in row_groups(files, weights=backend.weights):
+        for domains, rg in row_groups(files, weights=backend.weights, progress=progress):
             for domain, rows in domains:
                 if domain not in writers:
                     folder = domain_folder(domain)

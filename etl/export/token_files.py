@@ -58,7 +58,7 @@ __all__ = [
     "domain_folder", "export_storage", "memmap_file", "read_bin", "read_meta", "write_bin", "write_h5",
 ]
 
-DEFAULT_MAX_TOKENS_PER_SHARD = 100_000_000  # 800 MB of int64 per stream file
+DEFAULT_MAX_TOKENS_PER_SHARD = c.DEFAULT_MAX_TOKENS_PER_SHARD  # 800 MB of int64 per stream file
 FORMAT_VERSION = 1
 
 
@@ -67,7 +67,7 @@ def _source(dst: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return {"dst": str(dst.resolve()), **{k: manifest.get(k) for k in keys}}
 
 
-def _check_options(storage_format: str, max_tokens_per_shard: int) -> None:
+def check_options(storage_format: str, max_tokens_per_shard: int) -> None:
     if storage_format not in BACKENDS:
         raise EtlError(f"storage format {storage_format!r} unknown; use one of {sorted(BACKENDS)}")
     if max_tokens_per_shard < 1:
@@ -76,7 +76,7 @@ def _check_options(storage_format: str, max_tokens_per_shard: int) -> None:
         require_h5py()
 
 
-def _write_split(
+def write_split(
     parts: list[Path],
     out: Path,
     *,
@@ -86,12 +86,13 @@ def _write_split(
     max_tokens_per_shard: int,
     source: dict[str, Any],
     dst: Path,
+    progress: bool = True,
 ) -> dict[str, dict[str, int]]:
     """Write the given Parquet parts of one split as per-domain folders under ``out``; every
     file goes through ``output`` (journaled, then listed in its record). See `export_storage`."""
     weights = any(c.LOSS_WEIGHT in pq.read_schema(f).names for f in parts)
     backend = BACKENDS[storage_format](weights=weights, output=output)
-    writers = write_domains(parts, out, backend=backend, limit=max_tokens_per_shard)
+    writers = write_domains(parts, out, backend=backend, limit=max_tokens_per_shard, progress=progress)
     head = {
         "format": storage_format,
         "format_version": FORMAT_VERSION,
@@ -132,7 +133,7 @@ def export_storage(
             that differs from the manifest, OUT not etl's, or two domains whose folder names
             differ only in case.
     """
-    _check_options(storage_format, max_tokens_per_shard)
+    check_options(storage_format, max_tokens_per_shard)
     dst, out = Path(dst), Path(out)
     manifest = read_manifest(dst)
     parts = listed_parts(dst, f"{c.DATA_DIR}/{split}", manifest=manifest, checksum=True)
@@ -140,7 +141,7 @@ def export_storage(
         raise EtlError(f"no Parquet files in {dst / c.DATA_DIR / split}; pick a split from "
                        f"{listed_splits(dst, manifest)}")
     with OutputWriter(out, kind="export") as output:
-        counts = _write_split(parts, out, output=output, storage_format=storage_format, split=split,
+        counts = write_split(parts, out, output=output, storage_format=storage_format, split=split,
                                max_tokens_per_shard=max_tokens_per_shard, source=manifest, dst=dst)
         output.commit({"format": storage_format, "source": str(dst.resolve()), "split": split,
                        "domains": counts})

@@ -175,7 +175,7 @@ def prepare(srcs: list[str], dst: str, config: RunConfig, *, cache: CacheSetting
         EtlError: in milliseconds, before the tokenizer loads or Ray starts.
     """
     out = _target(dst)
-    found = [_inputs(src, out) for src in srcs]
+    found = [_inputs(src, out, storage=config.storage_format is not None) for src in srcs]
     check_apart(cache, srcs, out, tokenizer=config.tokenizer)  # before the cache or DST is made
     holds_inputs = [path for _, holds in found for path in holds]
     check_target(out, keep=holds_inputs)
@@ -192,19 +192,20 @@ def _target(dst: str) -> Path:
     return out
 
 
-def _inputs(src: str, out: Path) -> tuple[list[Source], list[Path]]:
+def _inputs(src: str, out: Path, *, storage: bool) -> tuple[list[Source], list[Path]]:
     """The input files, and the entries of DST that hold them when SRC lies inside DST.
 
     DST is never read as input: when it lies inside SRC its files are skipped. SRC may be a URI:
     `file://` is its path; another filesystem's (s3://, gs://...) is listed through pyarrow and
-    cannot hold DST, a local folder.
+    cannot hold DST, a local folder. `storage`: the export stage writes domain folders into DST,
+    so no input may lie inside it.
     """
     if is_uri(src):
         if (path := local_or_none(src)) is None:
             return discover_objects(src), []
         src = path
     root = source_root(src)
-    src_inside = check_inputs(out, root, storage=False)
+    src_inside = check_inputs(out, root, storage=storage)
     sources = discover(src)
     if src_inside:
         return sources, [out / root.resolve().relative_to(out.resolve()).parts[0]]

@@ -63,8 +63,9 @@ class _NoBar:
         return None
 
 
-def rows_bar(files: list[Path], *, desc: str) -> Any:
-    """A tqdm bar over the rows of Parquet files (total from their footers; off when not a TTY).
+def rows_bar(files: list[Path], *, desc: str, enabled: bool = True) -> Any:
+    """A tqdm bar over the rows of Parquet files (total from their footers; off when not a TTY,
+    or not `enabled`: `etl run --quiet`'s export stage).
 
     For commands that stream row groups (`etl export`): call `.update(table.num_rows)`.
     """
@@ -73,4 +74,5 @@ def rows_bar(files: list[Path], *, desc: str) -> Any:
     from tqdm import tqdm
 
     total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-    return tqdm(total=total, unit="rows", unit_scale=True, disable=None, desc=desc, dynamic_ncols=True)
+    return tqdm(total=total, unit="rows", unit_scale=True, disable=None if enabled else True, desc=desc,
+                dynamic_ncols=True)

@@ -44,11 +44,10 @@ def test_mask_rules_become_trained_roles() -> None:
         ({"input": {"type": "xml"}}, "input.type is 'xml'; allowed:"),
         ({"truncation": "middle"}, "truncation.policy is 'middle'; allowed: drop_oldest_turns"),
         ({"mask_options": {"eot": "sometimes"}}, "mask_options.eot is 'sometimes'; allowed: turn, last, all, none"),
-        ({"output": {"storage_format": "bin"}}, ("output.storage_format is not a setting of `etl run`: bin/h5 "
-         "token files are written from a finished run by `etl export DST OUT --format bin|h5`")),
-        ({"output": {"max_tokens_per_shard": 10}}, "output.max_tokens_per_shard is not a setting of `etl run`"),
-        ({"output": {"domain_key": "source"}}, ("output.domain_key is not a setting of `etl run`: the record key "
-         "naming each example's domain is input.domain_key")),
+        ({"output": {"storage_format": "parquet"}}, "output.storage_format is 'parquet'; allowed: bin, h5"),
+        ({"output": {"max_tokens_per_shard": 10}}, "output.max_tokens_per_shard sizes the bin/h5 token files"),
+        ({"output": {"shards": 2}}, "unknown key output.shards; allowed: domain_key, max_tokens_per_shard"),
+        ({"input": {"domain_key": "a"}, "output": {"domain_key": "b"}}, "output.domain_key is 'b' but input.domain_key"),
         ({"split": {"val_fraction": 1.5}}, "split.val_fraction must be in [0, 1)"),
         ({"preprocessing": {"deduplicate": "false"}}, "preprocessing.deduplicate must be true or false, got 'false'"),
         ({"mask_options": {"last_assistant_only": "no"}}, "mask_options.last_assistant_only must be true or false"),
@@ -117,7 +116,8 @@ def test_max_items_stops_reading(tmp_path: Path) -> None:
 def test_config_keys_reach_the_run() -> None:
     kwargs = config_from_dict(json.loads((CONFIGS / "pipeline_sft_chat.json").read_text()))
     assert kwargs["seq_len"] == 2048 and kwargs["deduplicate"] is True
-    assert kwargs["input_options"]["domain_key"] == "source" and "storage_format" not in kwargs
+    assert kwargs["input_options"]["domain_key"] == "source"  # output.domain_key: the input's option
+    assert kwargs["storage_format"] == "bin" and kwargs["max_tokens_per_shard"] == 100_000_000
     with pytest.raises(EtlError, match="applies to input.type text only"):
         config_from_dict({"preprocessing": {"min_chars": 5}})
 
@@ -136,8 +136,7 @@ def test_declarative_quick_start_configs_run_unchanged(tmp_path: Path, config: s
 
     src = write(tmp_path / "raw.jsonl", records)
     out = tmp_path / "out"
-    assert main(["run", str(src), str(out), "--config", str(CONFIGS / config), "--quiet"]) == 0
-    assert main(["export", str(out), str(out), "--format", "bin"]) == 0  # the bin files, next to the Parquet
+    assert main(["run", str(src), str(out), "--config", str(CONFIGS / config), "--quiet"]) == 0  # and the bin files
     manifest = read_manifest(out)
     assert manifest["counts"]["written"] == written
     data = pq.read_table(out / "data" / "train").to_pylist()

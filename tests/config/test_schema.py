@@ -110,7 +110,8 @@ def test_run_help_comes_from_the_declarations() -> None:
         ({"truncation": "middle"}, "config: truncation.policy is 'middle'; allowed: drop_oldest_turns"),
         ({"chunk_bytes": 0}, "config: chunk_bytes must be positive"),
         ({"val_fraction": True}, "config: split.val_fraction must be a number, got True"),
-        ({"storage_format": "bin"}, "config: unknown key storage_format; allowed: "),
+        ({"storage_format": "csv"}, "config: output.storage_format is 'csv'; allowed: bin, h5"),
+        ({"max_tokens_per_shard": 0}, "config: output.max_tokens_per_shard must be a positive integer, got 0"),
     ],
 )
 def test_run_config_is_checked_by_the_same_declarations(kwargs: dict[str, Any], message: str) -> None:
