@@ -196,17 +196,20 @@ def collate_longest(
     *,
     seq_len: int,
     pad_id: int,
-    pad_multiple: int = 64,
+    pad_multiple: int = 1,
     use_loss_mask: bool = True,
     mask_dtype: Any = np.bool_,
     ignore_index: int | None = IGNORE_INDEX,
     truncation: CutSide = "right",
 ) -> dict[str, np.ndarray]:
-    """Pad only to the longest example, T rounded up to ``pad_multiple`` and capped at seq_len - 1.
+    """Pad only to the longest example (T = its length - 1, capped at seq_len - 1), as TRL's
+    ``DataCollatorForLanguageModeling`` pads; ``pad_multiple`` > 1 rounds T up to a multiple of
+    it (TRL's ``pad_to_multiple_of``, e.g. 8 for tensor cores).
 
-    Trade-off: far less padding on short chats (T0 median ~120 tokens vs T = 2047), but a few
-    distinct shapes per run (bounded by seq_len / pad_multiple), which compiled models and the
-    CUDA caching allocator pay for. Arguments and result as in `collate_fixed`.
+    Trade-off: far less padding on short chats (T0 median ~120 tokens vs T = 2047), but shapes
+    that vary by batch (up to seq_len / pad_multiple distinct ones), which compiled models and
+    the CUDA caching allocator pay for: a larger ``pad_multiple`` buckets them. Arguments and
+    result as in `collate_fixed`.
     """
     if pad_multiple < 1:
         raise EtlError(f"pad_multiple must be >= 1, got {pad_multiple}")

@@ -31,7 +31,7 @@ from etl.loader.groups import (
     resolve_groups,
 )
 from etl.loader.legacy_keywords import upgrade
-from etl.loader.options import rank_world, resolve_seq_len
+from etl.loader.options import check_keywords, rank_world, resolve_seq_len
 from etl.loader.pack_sampler import make_pack_sampler
 from etl.loader.pairs_loader import pair_sampler_and_collate
 from etl.loader.samplers import EpochSampler, RandomSampler
@@ -108,6 +108,9 @@ class ParquetLoader:
         cache: CacheOptions | None = None,
         **deprecated: Any,
     ):
+        check_keywords({"batch_size": batch_size, "seq_len": seq_len, "seed": seed, "num_workers": num_workers,
+                        "rank": rank, "world_size": world_size, "shuffle": shuffle, "drop_last": drop_last,
+                        "split": split})
         given = {"packing": packing, "collate": collate, "sampler": sampler, "balance": balance,
                  "domains": domains, "cache": cache}
         self.options: LoaderGroups = resolve_groups(**upgrade(deprecated, given))
@@ -256,8 +259,11 @@ class ParquetLoader:
 
         Raises:
             EtlError: the state was saved on other data (another output or split, a rerun with
-                other results, other seq_len or batch shape) or with other sampler settings.
+                other results, other seq_len or batch shape) or with other sampler settings, or
+                its epoch or position is not one this loader can reach (edited or forged).
         """
+        if not isinstance(state, Mapping):
+            raise EtlError(f"cannot resume from a {type(state).__name__}: pass the dict loader.state_dict() returned")
         saved, now = state.get("data"), self._data()
         if saved is None:
             warnings.warn("this loader state carries no data fingerprint (saved by an older etl); "

@@ -81,13 +81,15 @@ class PadOptions(_RowOptions):
     """Padded batches (no packing): one example a row, padded to T.
 
     Trade-off: ``fixed`` gives every batch T = S - 1 (steady shapes for compiled models, but a
-    short example pays for S); ``longest`` pads to the batch's longest example rounded up to
-    ``pad_multiple`` (less padding, shapes that vary by batch). Pass it as ``collate=``; the
-    shared row options are listed on `_RowOptions`.
+    short example pays for S); ``longest`` pads to exactly the batch's longest example, as
+    TRL's ``DataCollatorForLanguageModeling`` does (less padding, shapes that vary by batch).
+    Pass it as ``collate=``; the shared row options are listed on `_RowOptions`.
 
     Attributes:
         strategy: ``fixed`` or ``longest`` (`etl.loader.collate.COLLATE_FNS`).
-        pad_multiple: ``longest`` only: T is rounded up to a multiple of it (default 64).
+        pad_multiple: ``longest`` only: T is rounded up to a multiple of it (TRL's
+            ``pad_to_multiple_of``: 8 for tensor cores, 64 or more to bucket shapes for a
+            compiled model); default None: no rounding.
     """
 
     strategy: str = "fixed"
@@ -104,8 +106,8 @@ class PadOptions(_RowOptions):
 
     @property
     def multiple(self) -> int:
-        """The rounding of T the collate uses (64 when not given)."""
-        return 64 if self.pad_multiple is None else self.pad_multiple
+        """The rounding of T the collate uses (1, none, when not given)."""
+        return 1 if self.pad_multiple is None else self.pad_multiple
 
 
 @dataclass(frozen=True, repr=False)

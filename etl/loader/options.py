@@ -5,7 +5,9 @@ Torch-free at import (the option groups, `etl.loader.groups`, build on it).
 
 from __future__ import annotations
 
+import numbers
 import warnings
+from typing import Any
 
 from etl.columns import MIN_SEQ_LEN
 from etl.errors import EtlError
@@ -43,6 +45,39 @@ def resolve_seq_len(given: int | None, run_seq_len: int | None, truncation: str,
             stacklevel=3,  # the caller of ParquetLoader(...), through __init__
         )
     return resolved
+
+
+# ParquetLoader's everyday keywords: (types, what they take). Integers are checked >= the bound.
+_KEYWORDS: dict[str, tuple[type | tuple[type, ...], str, int | None]] = {
+    "batch_size": (numbers.Integral, "an integer >= 1", 1),
+    "seq_len": ((numbers.Integral, type(None)), "an integer (S), or None for the run's S", None),
+    "seed": (numbers.Integral, "an integer >= 0", 0),
+    "num_workers": (numbers.Integral, "an integer >= 0", 0),
+    "rank": ((numbers.Integral, type(None)), "an integer >= 0, or None", 0),
+    "world_size": ((numbers.Integral, type(None)), "an integer >= 1, or None", 1),
+    "shuffle": (bool, "True or False", None),
+    "drop_last": (bool, "True or False", None),
+    "split": (str, "a split name such as 'train' or 'val'", None),
+}
+
+
+def check_keywords(values: dict[str, Any]) -> None:
+    """Raise one `EtlError` naming the first everyday keyword of the wrong type or range.
+
+    Why here: a wrong type otherwise fails deep inside (``'<' not supported between str and
+    int`` from the sampler) or not at all (``seq_len=2.5`` read as 2, ``shuffle="no"`` as True).
+    """
+    for name, (types, takes, low) in _KEYWORDS.items():
+        value = values[name]
+        wrong = not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types))
+        if wrong or (low is not None and value is not None and value < low):
+            hint = f" (pass {name}={value.strip()})" if isinstance(value, str) and value.strip().isdigit() else ""
+            raise EtlError(f"ParquetLoader({name}=...) must be {takes}, got {value!r} "
+                           f"({type(value).__name__}){hint}")
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
 
 
 def check_choice(name: str, value: str, choices: list[str]) -> None:

@@ -8,7 +8,8 @@ DataLoader ``batch_sampler``.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+import numbers
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -122,15 +123,32 @@ class _BatchSampler(abc.ABC):
         """Continue at exactly the next batch of a `state_dict`.
 
         Raises:
-            EtlError: when the state was saved with different data or sampler settings.
+            EtlError: when the state was saved with different data or sampler settings, or holds
+                an epoch or position that no run of these settings reaches.
         """
+        if not isinstance(state, Mapping):
+            raise EtlError(f"cannot resume from a {type(state).__name__}: pass the dict state_dict() returned")
         mismatch = {
             k: (v, state.get(k)) for k, v in self._fingerprint().items() if state.get(k) != v
         }
         if mismatch:
             detail = ", ".join(f"{k}: now {a}, saved {b}" for k, (a, b) in mismatch.items())
             raise EtlError(f"cannot resume: sampler settings differ ({detail}); use the saved ones")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        epoch, position = _state_count(state, "epoch"), _state_count(state, "position")
+        total = len(self.batches(epoch))
+        if position > total:
+            raise EtlError(f"cannot resume: position {position} is past the {total} batches of epoch {epoch} "
+                           "on this rank; load the state_dict() the run saved, unedited")
+        self.epoch, self.position = epoch, position
+
+
+def _state_count(state: Mapping[str, Any], key: str) -> int:
+    """``state[key]`` checked: an integer >= 0 (a bool, float or string is a forged state)."""
+    value = state.get(key)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise EtlError(f"cannot resume: the state's {key} must be an integer >= 0, got {value!r}; "
+                       "load the state_dict() the run saved, unedited")
+    return int(value)
 
 
 class EpochSampler(_BatchSampler):
