@@ -54,8 +54,8 @@ checked as (
             when p is not null and not {prompt_ok} then 'bad_type:' || $prompt_key
             {bad_sides}
             {label_check}
-            when sc is not null and try_cast(sc as double) is null then 'bad_score:' || $score_chosen_key
-            when sr is not null and try_cast(sr as double) is null then 'bad_score:' || $score_rejected_key
+            when sc is not null and not {finite_sc} then 'bad_score:' || $score_chosen_key
+            when sr is not null and not {finite_sr} then 'bad_score:' || $score_rejected_key
         end as pre
     from fields
 ),
@@ -69,7 +69,8 @@ select source_line,
     case pre_reason {head_details}
         when 'missing_key' then {missing}
         when 'bad_type' then '"' || pre_key || '" is ' || {kind_of_key} || ', not a string or a list of messages'
-        when 'bad_score' then '"' || pre_key || '" is ' || {kind_of_key} || ', not a number'
+        when 'bad_score' then '"' || pre_key || '" is ' || replace({kind_of_key}, 'a number', 'NaN or infinite')
+            || ', not a finite number'
         when 'label_not_bool' then '"' || $label_key || '" is ' || {kind_label} || ', not true or false'
     end as pre_detail,
     left(line, $preview) as raw,
@@ -79,6 +80,12 @@ select source_line,
     lab = 'true' as label,
     {sides}
 from reasons"""
+
+
+def finite_number(slot: str) -> str:
+    """SQL: the JSON value is a number (not `"9"` or `true`, which a cast to double would take)
+    and finite (a NaN, `Infinity` or 1e999 in the input would be written as such)."""
+    return f"({kind(slot)} = 'a number' and coalesce(isfinite(try_cast({slot} as double)), false))"
 
 
 def kind_of_key(slots: dict[str, str]) -> str:
@@ -124,6 +131,8 @@ judged as (
             when c_reason is not null then c_reason
             when r_reason is not null then r_reason
             when {paired} and cm is not distinct from rm then 'chosen_equals_rejected'
+            when not {paired} and not has_prompt
+                and not list_contains(list_transform(cm, lambda m: m.role), 'user') then 'no_user_turn'
             when nc <= 0 or {paired} and nr <= 0 then 'empty_completion'
             when not has_prompt and (list_contains(list_transform(c_done, lambda m: m.role), 'user')
                 or list_contains(list_transform(r_done, lambda m: m.role), 'user')) then 'prompts_differ'
@@ -139,6 +148,8 @@ select source_line, reason,
         when reason = r_reason then 'rejected: ' || r_detail
         when reason = 'chosen_equals_rejected' then 'the chosen and rejected conversations are the same'
         when reason = 'empty_completion' then 'a completion has no message with text'
+        when reason = 'no_user_turn' then 'no prompt and no user message: without a prompt the completion is '
+            || 'what follows the last user turn; give the record a prompt or a user message'
         when reason = 'prompts_differ' then 'chosen and rejected differ before their last user turn (message '
             || shared || '), so they share no prompt'
         when reason = 'completion_not_assistant' then 'a completion starts with a "' ||

@@ -46,6 +46,7 @@ from etl.formats.pair_sql import (
     SIDE,
     absent,
     blank,
+    finite_number,
     is_text_or_list,
     kind_of_key,
     side_columns,
@@ -83,7 +84,7 @@ def _rewrite(*, sides: Mapping[str, str | None], prompt_key: str | None, label_k
     sql = REWRITE.format(
         records=records_cte(named).strip(), head=HEAD_REASONS, head_details=HEAD_DETAILS,
         absent_sides="".join(absent(slot_of[f"{k}_key"], f"{k}_key") for k in required),
-        prompt_ok=is_text_or_list("p"),
+        prompt_ok=is_text_or_list("p"), finite_sc=finite_number("sc"), finite_sr=finite_number("sr"),
         bad_sides=" ".join(f"when not {is_text_or_list(f's_{n}')} then 'bad_type:' || ${n}_key" for n in sides),
         label_check="" if label_key is None else "when lab::varchar not in ('true', 'false') then 'label_not_bool'",
         kind_of_key=kind_of_key(slot_of), kind_label=kind("lab"),
@@ -215,7 +216,8 @@ def preference_builder(
     `system_key`, `tools_key`, reasoning and tool calls are read as `chat` reads them.
 
     Reasons beyond `chat`'s (a side's own reason is named with `chosen: ` / `rejected: `):
-    `missing_key`, `bad_type` (not a string or a list), `bad_score`, `chosen_equals_rejected`,
+    `missing_key`, `bad_type` (not a string or a list), `bad_score` (not a JSON number, or NaN /
+    infinite), `chosen_equals_rejected`,
     `empty_completion`, `prompts_differ` (the implicit form's conversations differ before their
     last user turn), `completion_not_assistant`.
     """
@@ -241,7 +243,9 @@ def unpaired_builder(
     a bool `label` (desirable or not). Without a `prompt`, `completion` is a whole conversation (a
     message list, or a transcript string as hh-rlhf's) and its completion is what follows its last
     user turn: hh-rlhf's pairs become KTO rows as `{"completion": chosen, "label": true}` and
-    `{"completion": rejected, "label": false}`. Reasons as `preference`'s, plus `label_not_bool`."""
+    `{"completion": rejected, "label": false}`. Reasons as `preference`'s, plus `label_not_bool`, and
+    `no_user_turn` for a record with no prompt whose conversation has no user message (nothing
+    marks where its completion starts)."""
     options = {"role_key": role_key, "content_key": content_key, "train_key": train_key, "weight_key": weight_key,
                "tool_calls_key": tool_calls_key, "role_map": role_map, "system_key": system_key,
                "tools_key": tools_key, "domain_key": domain_key, "parse_think": parse_think,

@@ -34,3 +34,42 @@ def test_a_seq_len_too_short_for_the_headers_warns_with_the_count(tmp_path: Path
     roomy = etl("run", "raw.jsonl", "out2", "--quiet", cwd=tmp_path)
     assert roomy.returncode == 0 and roomy.stderr == ""
     assert "header_cut" not in json.loads((tmp_path / "out2" / "_manifest.json").read_text())["counts"]
+
+
+def _rejects(dst: Path) -> dict[int, tuple[str, str]]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(dst / "_rejects").to_pylist()
+    return {r["source_line"]: (r["reason"], r["detail"]) for r in table}
+
+
+def test_a_score_must_be_a_finite_json_number(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    pair = '{"prompt": "hi", "chosen": "good", "rejected": "bad", "score_rejected": 1, "score_chosen": '
+    scores = ["9", "-2.5", '"9"', "true", "NaN", "Infinity", "1e999", '"inf"', "null"]
+    (tmp_path / "p.jsonl").write_text("".join(pair + s + "}\n" for s in scores))
+    run = etl("run", "p.jsonl", "out", "--input-type", "preference", "--quiet", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    written = pq.read_table(tmp_path / "out" / "data").to_pylist()
+    assert [(r["source_line"], r["score_chosen"]) for r in written] == [(0, 9.0), (1, -2.5), (8, None)]
+    assert _rejects(tmp_path / "out") == {
+        2: ("bad_score", '"score_chosen" is a string, not a finite number'),
+        3: ("bad_score", '"score_chosen" is a boolean, not a finite number'),
+        **{i: ("bad_score", '"score_chosen" is NaN or infinite, not a finite number') for i in (4, 5, 6)},
+        7: ("bad_score", '"score_chosen" is a string, not a finite number'),
+    }
+
+
+def test_a_kto_record_without_a_user_turn_is_named_so(tmp_path: Path) -> None:
+    records = [{"completion": [{"role": "assistant", "content": "x"}], "label": True},
+               {"completion": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}],
+                "label": False},
+               {"completion": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                "label": True}]
+    (tmp_path / "k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = etl("run", "k.jsonl", "out", "--input-type", "unpaired", "--quiet", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    rejects = _rejects(tmp_path / "out")
+    assert rejects[0][0] == "no_user_turn" and "give the record a prompt or a user message" in rejects[0][1]
+    assert rejects[1][0] == "empty_completion" and set(rejects) == {0, 1}
