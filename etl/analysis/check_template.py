@@ -31,6 +31,7 @@ from etl.ingest.reader import read_chunks
 from etl.pipeline.build import build_examples, records_frame
 from etl.pipeline.resources import Resources, build_resources
 from etl.tokens.chat_jinja import chat_template_source, special_tokens_map, token_string
+from etl.tokens.hf_pipeline import as_transformers
 from etl.tokens.hf_template import HF, resolve_template_name
 from etl.tokens.tool_json import BadToolJson
 
@@ -100,7 +101,8 @@ class TemplateReference:
                            "with a chat_template")
         source = chat_template_source(config, where=str(Path(path).with_name("tokenizer_config.json")))
         # encode_special_tokens stays False here: the template's special tokens are control.
-        self.raw = Tokenizer.from_file(path)
+        # Rebuilt as transformers builds it (etl.tokens.hf_pipeline): the ids a trainer gets.
+        self.raw = as_transformers(Tokenizer.from_file(path), config, whole=True)
         self.renderer = load_renderer(Path(path).parent, source=source, tokens=special_tokens_map(config),
                                       raw=self.raw)
         # Every added token, special or not: etl encodes all of them as text in content.

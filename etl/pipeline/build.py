@@ -118,7 +118,7 @@ def build_examples(
         plan = st.plan_turns(
             records.lazy(),
             encode=encode,
-            role_table=res.template.role_table(),
+            template=res.template,
             reasoning=res.reasoning,
             tools=res.template.tools,
             system_ids=res.system_ids,

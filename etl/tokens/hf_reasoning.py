@@ -66,4 +66,17 @@ def derive_reasoning(probe: Probe, tokens: list[str]) -> ReasoningFormat | None:
                           {"role": "assistant", "content": MARKER.format(1)}])
     empty_last = fmt.open in plain[plain.find(MARKER.format(0)):]
     return ReasoningFormat(open=fmt.open, pre=fmt.pre, post=fmt.post, close=fmt.close, after=fmt.after,
-                           keep=keep, empty_last=empty_last)
+                           keep=keep, empty_last=empty_last, content_lstrip=_content_lstrip(probe, fmt))
+
+
+def _content_lstrip(probe: Probe, fmt: ReasoningFormat) -> str:
+    """The characters the template strips from a content's start after a block (Qwen3: "\n"),
+    found by rendering a content that starts with two of each whitespace character."""
+    stripped = ""
+    for ch in "\n\r\t ":
+        text = probe.render([{"role": "user", "content": MARKER.format(0)},
+                             {"role": "assistant", "content": ch * 2 + MARKER.format(1), "reasoning_content": THOUGHT}])
+        block_end = text.find(fmt.close, text.find(THOUGHT)) + len(fmt.close)
+        if not text[block_end: text.find(MARKER.format(1))].removeprefix(fmt.after).startswith(ch):
+            stripped += ch
+    return stripped

@@ -12,13 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from etl.columns import AUTO_TEMPLATE
 from etl.errors import EtlError
+from etl.tokens.joins import NO_JOIN, Join, lead_of, trail_of
 from etl.tokens.tokenizer import TextTokenizer, encode_template_text
 from etl.tokens.tool_format import (
     FORMS,
     QWEN_TOOLS,
     ToolFormat,
     ToolIds,
+    form_header,
     form_pieces,
+    glued_right,
     resolve_tools,
 )
 
@@ -55,7 +58,9 @@ class ReasoningFormat:
     is encoded alone (a blank line before the content splits there in byte-level BPE).
     `keep` is the template's rule for which turns keep it: all, last (after the last user
     turn, Qwen3) or none; `empty_last`: a final assistant turn without reasoning gets an empty
-    block (Qwen3). The reasoning text is written without its leading/trailing newlines.
+    block (Qwen3). The reasoning text is written without its leading/trailing newlines;
+    `content_lstrip`: characters the template strips from the start of a content after a block
+    (Qwen3: `content.lstrip('\n')`).
     """
 
     open: str = "<think>"
@@ -65,6 +70,7 @@ class ReasoningFormat:
     after: str = "\n\n"
     keep: str = "all"
     empty_last: bool = False
+    content_lstrip: str = ""
 
 
 THINK = ReasoningFormat()  # Qwen3 / DeepSeek-R1: <think>\nR\n</think>\n\n before the content
@@ -182,6 +188,10 @@ class TemplateIds:
     reasoning_prefix: list[int] = field(default_factory=list)  # open, before the reasoning text
     reasoning_suffix: list[int] = field(default_factory=list)  # close + after, behind it
     tools: ToolIds | None = None
+    # (lead, trail) joins of each role table row (role_number order) and the lead after a think
+    # block: the template text tokenized with the content (etl.tokens.joins).
+    joins: tuple[tuple[Join, Join], ...] = ()
+    reasoning_join: Join = NO_JOIN
 
     def role_table(self) -> pl.DataFrame:
         """FORMS rows per role (row role_number * FORMS + form) with the header/end/separator ids
@@ -261,4 +271,32 @@ def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateId
         reasoning_suffix=(encode_template_text(tokenizer, think.close, think_tokens)
                           + encode_template_text(tokenizer, think.after, think_tokens)),
         tools=None if template.tools is None else resolve_tools(template.tools, tokenizer, specials),
+        joins=_joins(template, roles, tokenizer),
+        reasoning_join=_reasoning_join(think, specials, think_tokens, tokenizer),
     )
+
+
+def _reasoning_join(think: ReasoningFormat, specials: tuple[str, ...], think_tokens: list[str],
+                    tokenizer: TextTokenizer) -> Join:
+    """The lead of a content after a think block: the text after its close token (Qwen3: `\n\n`)."""
+    join = lead_of(think.close + think.after, [*specials, *think_tokens], tokenizer, template_strip=think.content_lstrip)
+    suffix = (encode_template_text(tokenizer, think.close, think_tokens)
+              + encode_template_text(tokenizer, think.after, think_tokens))
+    # A close that is text (no token for it) is encoded apart from `after` in the suffix: no lead then.
+    if join.ids and tuple(suffix[-len(join.ids):]) != join.ids:
+        return Join(strip=join.strip)
+    return join
+
+
+def _joins(template: Template, roles: dict[str, RoleFormat], tokenizer: TextTokenizer) -> tuple[tuple[Join, Join], ...]:
+    """(lead, trail) per role table row: FORMS rows per role, roles sorted (`TemplateIds.role_table`)."""
+    fmt = template.tools
+    control = [*template.special_tokens,
+               *(t for t in (fmt.structure if fmt else ()) if tokenizer.special_id(t) is not None)]
+    rows = []
+    for role in sorted(roles):
+        for form in range(FORMS):
+            lead = lead_of(form_header(fmt, role, form, roles[role].header), control, tokenizer)
+            trail = NO_JOIN if glued_right(fmt, role, form) else trail_of(roles[role].end, control, tokenizer)
+            rows.append((lead, trail))
+    return tuple(rows)

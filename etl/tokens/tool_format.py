@@ -136,6 +136,18 @@ def resolve_tools(fmt: ToolFormat, tokenizer: TextTokenizer, specials: tuple[str
     )
 
 
+def form_header(fmt: ToolFormat | None, role: str, form: int, plain: str) -> str:
+    """The header string of `role` in `form` (`plain`: the role's own)."""
+    if fmt is not None and role == "tool" and form < WITH_TOOLS:
+        return fmt.result_first if form & RESULT_FIRST else fmt.result_next
+    return plain
+
+
+def glued_right(fmt: ToolFormat | None, role: str, form: int) -> bool:
+    """Whether the tool stages glue the text after this form's content (`etl.pipeline.tools`)."""
+    return fmt is not None and (role == "tool" or form >= WITH_TOOLS)
+
+
 def form_pieces(fmt: ToolIds | None, role: str, form: int, plain: tuple[list[int], list[int], list[int]]
                 ) -> tuple[list[int], list[int], list[int]]:
     """(header, end, sep) ids of `role` in `form`; `plain` is the role's constant triple."""

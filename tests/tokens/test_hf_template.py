@@ -201,26 +201,27 @@ def test_phi3_template_strings() -> None:
 
 @pytest.mark.shared
 @pytest.mark.parametrize("tokenizer", [QWEN, PHI3], ids=["qwen2.5", "phi3"])
-def test_real_templates_match_the_whole_rendering(tokenizer: Path, tmp_path: Path,
+@pytest.mark.parametrize("reference", ["transformers", "raw tokenizers"])
+def test_real_templates_match_the_whole_rendering(tokenizer: Path, reference: str, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     if not tokenizer.exists():
         pytest.skip(f"needs {tokenizer}")
-    if tokenizer == PHI3:  # the raw-tokenizers reference: transformers differs from it after a special
-        monkeypatch.setitem(sys.modules, "transformers", None)  # token (tests/analysis/test_check_template_reference)
+    if reference != "transformers":  # the jinja2 + raw tokenizers path (tokenizer.json rebuilt as transformers does)
+        monkeypatch.setitem(sys.modules, "transformers", None)
     chats = [
         [("user", "What is 2+2?"), ("assistant", "4.")],
         [("system", "Be terse."), ("user", "Name a colour."), ("assistant", "Blue."),
          ("user", "Another, with a list:\n- one"), ("assistant", "Red.\n\nDone.")],
-        # Per-turn tokenization cannot merge across the header: Qwen writes "\n\n" as one token,
-        # Phi-3's <|user|> absorbs the leading "\n". The check must see that difference.
-        [("user", "\nHello"), ("assistant", "Hi")],
+        # Joins: Qwen writes the header's "\n" + the content's "\n" as one token ("\n\n", 271);
+        # Phi-3's <|user|> absorbs the content's leading whitespace and no "▁" is prepended after it.
+        [("user", "\nHello"), ("assistant", "\n\n Hi \n")],
+        [("user", " \t\r\nQuestion 1?"), ("assistant", "")],
     ]
     src = tmp_path / "chats.jsonl"
     src.write_text("".join(json.dumps({"messages": [{"role": r, "content": c} for r, c in chat]}) + "\n"
                            for chat in chats))
     report = check_template(str(src), RunConfig(tokenizer=str(tokenizer), template="hf"))
-    assert (report.examples, report.identical) == (3, 2), report.first_diff
-    assert report.first_diff is not None and report.first_diff.id == "chats.jsonl:2"
+    assert (report.examples, report.identical) == (4, 4), report.first_diff
 
 
 def test_check_template_counts_an_unreadable_input_and_goes_on(tiny: Path, tmp_path: Path, capsys) -> None:
