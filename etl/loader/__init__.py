@@ -54,6 +54,7 @@ _EXPORTS = {
     "dpo_loss": "pairs_logps",
     "kto_loss": "pairs_kto",
     "unpaired_logps": "pairs_kto",
+    "prepared_dpo_trainer": "trl_dpo",
     "document_block_mask": "attention",
     "document_sdpa_mask": "attention",
     "hf_inputs": "hf_kwargs",  # not hf_inputs.py: a submodule of that name would shadow it
