@@ -24,6 +24,9 @@ written (every record rejected or dropped; this outranks 3).
 With `sources` in the config file (a mixture of several inputs, each with its own options,
 mixed by weight), SRC is left out: etl run --config mix.toml DST (docs/mixtures.md).
 
+With output.storage_format (bin or h5) in the config, the run then writes its token files into
+DST too, as `etl export DST DST --format bin|h5` does: DST/<domain>/ (train), DST/_val/<domain>/.
+
 Defaults follow the tokenizer: --template auto is hf (the tokenizer's own chat_template, so the
 ids equal transformers' apply_chat_template) for a tokenizer with a chat_template, and ngpt for
 `bytes`, a tokenizer that carries ngpt's markers or one without a chat_template; a conversation

@@ -4,6 +4,7 @@
     episode_loader.py + training_xml.py   `EpisodeDataLoader` and its `<training>` XML block
     token_files.py   the bin/h5 export: OUT/<domain>/meta.json + int64 token files or HDF5
     shards.py, backends.py   how the bin/h5 export cuts a domain into shards and writes them
+    run_stage.py     `etl run`'s export stage: a config's output.storage_format, written into DST
 
 Names are imported lazily (PEP 562): `EpisodeDataLoader` needs torch, the exports do not.
 
