@@ -13,6 +13,8 @@ itself: packed training equals unpacked training, without padding every example 
 Every --save-every steps and at the end, --out gets the model (``save_pretrained``: loadable
 by transformers as it is) and ``train_state.pt``: the step, the optimizer's state and the
 loader's ``state_dict()``. ``--resume`` loads them and continues at exactly the next batch.
+--out defaults to ``DST/train_hf/``, inside the output it trains on (etl leaves a folder it did
+not write there alone, and a rerun of `etl run` keeps it), never in the current directory.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ from etl.loader import ParquetLoader, hf_inputs
 from etl.output.manifest import read_manifest
 
 STATE = "train_state.pt"  # optimizer + loader + step, next to the model's own files
+CHECKPOINT = "train_hf"  # --out's default: DST/train_hf, beside the data it was trained on
+
+
+def default_out(dst: str, out: str | None) -> str:
+    """--out as given, else DST/train_hf: the checkpoint stays with its data wherever the command runs."""
+    return out if out is not None else str(Path(dst) / CHECKPOINT)
 
 
 def tiny_model(dst: str, seq_len: int) -> torch.nn.Module:
@@ -134,11 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=None, help="S, tokens per packed row (default: the run's)")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate, constant")
     p.add_argument("--seed", type=int, default=0, help="model init and pack order")
-    p.add_argument("--out", default="out/train_hf", help="checkpoint folder (default out/train_hf)")
+    p.add_argument("--out", default=None, help=f"checkpoint folder (default DST/{CHECKPOINT})")
     p.add_argument("--save-every", type=int, default=0, metavar="N", help="also save every N steps")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: fastest for a tiny model)")
     args = p.parse_args(argv)
+    args.out = default_out(args.dst, args.out)
     hf_logging.disable_progress_bar()  # save/load progress bars would break up the step lines
     if args.resume and not (Path(args.out) / STATE).exists():
         p.error(f"--resume: no checkpoint in {args.out} (train once with --out {args.out})")

@@ -96,3 +96,23 @@ def test_train_hf_resume_without_a_checkpoint_says_how(tmp_path: Path, capsys: p
     with pytest.raises(SystemExit):
         _script().main([str(tmp_path), "--resume", "--out", str(tmp_path / "none")])
     assert "no checkpoint in" in capsys.readouterr().err
+
+
+def test_the_default_checkpoint_is_inside_dst_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Its own DST: a rerun of `etl run` below must keep the checkpoint, and other tests share `dst`.
+    own = tmp_path / "parquet"
+    assert etl_main(["run", str(ROOT / "examples" / "raw"), str(own), "--quiet", "--seq-len", "512"]) == 0
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    train_hf = _script()
+    assert train_hf.main([str(own), "--steps", "1"]) == 0
+    assert f"checkpoint in {own / 'train_hf'}" in capsys.readouterr().out
+    assert (own / "train_hf" / train_hf.STATE).is_file() and not any(elsewhere.iterdir())
+    # etl leaves the folder it did not write alone: a rerun keeps it, and the loader still reads DST.
+    assert etl_main(["run", str(ROOT / "examples" / "raw"), str(own), "--quiet", "--seq-len", "512"]) == 0
+    assert (own / "train_hf" / train_hf.STATE).is_file()
+    assert train_hf.main([str(own), "--steps", "2", "--resume"]) == 0  # --resume finds it by default too
+    assert sorted(_steps(capsys.readouterr().out)) == [2]
