@@ -15,7 +15,15 @@ from typing import Any
 
 import etl.commands
 from etl import __version__
-from etl.errors import EXIT_BUG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EtlError, EtlWarning
+from etl.errors import (
+    EXIT_BUG,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EtlError,
+    EtlWarning,
+    user_message,
+)
 
 
 def _command_modules() -> list[ModuleType]:
@@ -89,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or EXIT_OK)
     except EtlError as exc:
-        print(f"etl {args.command}: error: {exc}", file=sys.stderr)
+        print(f"etl {args.command}: error: {user_message(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         print(f"etl {args.command}: error: {exc}", file=sys.stderr)

@@ -26,3 +26,13 @@ class EtlBug(RuntimeError):
 class EtlWarning(UserWarning):
     """Something the user should know that does not stop the work (an unlisted part, a salvaged
     file); the CLI prints it as one `etl CMD: warning: ...` line."""
+
+
+# Polars appends this to the message of an exception raised inside an expression's Python function
+# (`map_batches`): where the error happened in Polars' plan, noise to an etl user.
+POLARS_TRAILER = "\n\nThis error occurred in the following expression:"
+
+
+def user_message(exc: BaseException) -> str:
+    """An exception's message, without what Polars appended to it."""
+    return str(exc).split(POLARS_TRAILER, 1)[0]

@@ -27,9 +27,10 @@ from etl.arrow_values import from_numpy, numbers_of
 from etl.cache import folder as fo
 from etl.cache.folder import CacheSettings
 from etl.cache.guard import CacheGuard
-from etl.cache.keys import content_keys, distinct
+from etl.cache.keys import content_keys, distinct, tagged
 from etl.cache.store import SegmentStore
 from etl.ragged import gather_pieces
+from etl.tokens.gigatoken_encoder import HF
 from etl.tokens.tokenizer import TextTokenizer, offsets_to_list_array
 
 TOKENIZER, CACHE, SAVED = "tokenizer", "token_cache", "token_cache_saved"
@@ -139,26 +140,34 @@ class Encoder:
         hold the text (checked key by key), then the tokenizer's ids of the rest."""
         assert self.con is not None
         keys = content_keys(texts, self.con)
-        seg, row = store.find(keys)
         sources: list[pa.LargeListArray] = []
-        source = np.full(len(texts), -1, np.int64)
+        source, row = np.full(len(texts), -1, np.int64), np.zeros(len(texts), np.int64)
+        content = getattr(self.tokenizer, "content", None)  # an HFTokenizer's `ContentBackend`
+        for tag in content.served() if content is not None else [None]:
+            if (todo := np.flatnonzero(source < 0)).size:
+                self._serve(store, todo, tagged(keys[todo], tag), sources, source, row)
+        missed = np.flatnonzero(source < 0)
+        self.stats.from_cache += len(texts) - len(missed)
+        if len(missed):
+            fresh = self._tokenize(texts.take(pa.array(missed)) if len(missed) < len(texts) else texts, timings)
+            store.add(tagged(keys[missed], content.made if content is not None else None), fresh)
+            source[missed], row[missed] = len(sources), np.arange(len(missed))
+            sources.append(fresh)
+        return sources, source, row
+
+    def _serve(self, store: SegmentStore, todo: np.ndarray, keys: np.ndarray, sources: list[pa.LargeListArray],
+               source: np.ndarray, row: np.ndarray) -> None:
+        """Point texts `todo` (their cache `keys`) at the segments that hold them, checked key by key."""
+        seg, at = store.find(keys)
         for number in np.unique(seg[seg >= 0]):
             rows = np.flatnonzero(seg == number)
             loaded = store.segment(int(number))
             if loaded is None:
                 continue
-            rows = rows[(loaded.keys[row[rows]] == keys[rows]).all(axis=1)]
-            source[rows] = len(sources)
+            rows = rows[(loaded.keys[at[rows]] == keys[rows]).all(axis=1)]
+            source[todo[rows]], row[todo[rows]] = len(sources), at[rows]
             sources.append(loaded.ids)
-            self.stats.tokens_from_cache += int(np.diff(loaded.ids.offsets.to_numpy())[row[rows]].sum())
-        missed = np.flatnonzero(source < 0)
-        self.stats.from_cache += len(texts) - len(missed)
-        if len(missed):
-            fresh = self._tokenize(texts.take(pa.array(missed)) if len(missed) < len(texts) else texts, timings)
-            store.add(keys[missed], fresh)
-            source[missed], row[missed] = len(sources), np.arange(len(missed))
-            sources.append(fresh)
-        return sources, source, row
+            self.stats.tokens_from_cache += int(np.diff(loaded.ids.offsets.to_numpy())[at[rows]].sum())
 
     def __enter__(self) -> Self:
         return self
@@ -192,8 +201,11 @@ class Encoder:
         with the backend that tokenized the texts not read from the cache (None: it tokenized none)."""
         if self.key is None:
             return None
+        used = getattr(self.tokenizer, "backend_used", None)
+        content = getattr(self.tokenizer, "content", None)
+        reason = content.reason if content is not None and used == HF else None
         return {"dir": str(self.root) if self.root else None, **self._sync().to_json(),
-                "backend": getattr(self.tokenizer, "backend_used", None)}
+                "backend": used, **({"backend_reason": reason} if reason else {})}
 
     def saving(self) -> dict[str, float]:
         """`--timings`' estimate of the seconds the cache saved: its tokens at this run's tokenizer

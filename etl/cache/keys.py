@@ -8,12 +8,15 @@ cores; a Python loop over hashlib took 0.14 s, and is a loop per row).
 
 from __future__ import annotations
 
+import hashlib
+
 import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
 
 from etl.formats.builders import in_batches
+from etl.tokens.backend import TOKENIZERS_IDS
 
 TEXT, ROW, FIRST = "text", "row", "first"
 
@@ -47,3 +50,15 @@ def content_keys(texts: pa.Array, con: duckdb.DuckDBPyConnection) -> np.ndarray:
     result = con.from_arrow(table).select(f"md5_number({TEXT}) AS k").to_arrow_table().column(0).combine_chunks()
     raw = np.frombuffer(result.buffers()[1], dtype=np.uint64)
     return raw[2 * result.offset : 2 * (result.offset + len(result))].reshape(-1, 2).copy()
+
+
+
+def tagged(keys: np.ndarray, tag: str | None) -> np.ndarray:
+    """`content_keys` as the cache stores the ids `tag` made (`backend.ContentBackend.made`):
+    `tokenizers`' (the reference, tag None or "tokenizers") under the text's MD5, another
+    encoder's under the MD5 xor the tag's, so a run is served another encoder's ids only when it
+    looks them up by that encoder's tag (`ContentBackend.served`)."""
+    if tag is None or tag == TOKENIZERS_IDS:
+        return keys
+    salt = np.frombuffer(hashlib.md5(tag.encode()).digest(), dtype=np.uint64)
+    return keys ^ salt

@@ -7,6 +7,7 @@ root down) and `add` once complete; `commit` writes the record last.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -46,12 +47,14 @@ class OutputWriter:
         self.root, self.kind, self.keep = root, kind, list(keep)
         self._lock = FolderLock(root)
         self._journal: Any = None
+        self._made = self._listed = False  # whether this writer made the folder, journaled the old output
         self._files: list[dict[str, Any]] = []
         self._reserved: set[str] = set()
         self._mutex = threading.Lock()  # parts are added from the background write thread
 
     def __enter__(self) -> Self:
         check_target(self.root, keep=self.keep)
+        self._made = not self.root.exists()  # removed again by a failed run that wrote nothing
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock.acquire()
         try:
@@ -64,6 +67,7 @@ class OutputWriter:
             self._check(owned)  # every link refused before the first file goes
             fd = open_nofollow(self.root / c.JOURNAL_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, self.root)
             self._journal = os.fdopen(fd, "a", encoding="utf-8")
+            self._listed = bool(owned)
             self._journal_lines(owned)  # a kill while removing leaves them listed, never orphaned
             self._remove(owned)
         except BaseException:
@@ -75,10 +79,14 @@ class OutputWriter:
         try:
             if self._journal is not None:
                 self._journal.close()
-                if exc_type is None:
+                # an error before the first path was journaled leaves nothing for the next run to remove
+                if exc_type is None or not (self._listed or self._reserved):
                     (self.root / c.JOURNAL_FILE).unlink(missing_ok=True)
         finally:
             self._lock.release()
+        if exc_type is not None and self._made and not (self._listed or self._reserved):
+            with contextlib.suppress(OSError):  # not empty: another process wrote there meanwhile
+                self.root.rmdir()
 
     def _journal_lines(self, rels: Iterable[str]) -> None:
         self._journal.write("".join(json.dumps({"path": rel}) + "\n" for rel in rels))

@@ -1,16 +1,25 @@
 """`ContentBackend`: which library encodes a Hugging Face tokenizer's content in a run
-(`--tokenizer-backend`), and the per-run proof that gigatoken gives `tokenizers`' ids.
+(`--tokenizer-backend`), and the per-run check that gigatoken gives `tokenizers`' ids.
 
-`auto` settles per run (`plan`): `tokenizers` under `AUTO_MIN_BYTES` of input, else gigatoken,
-loaded on a thread while the first chunks parse. Before gigatoken encodes a run's texts, up to
-`VERIFY_TEXTS` texts (`VERIFY_BYTES`) spread over the first encodes go through both; any
-difference sends an `auto` run back to `tokenizers` with one warning and stops a `gigatoken` one.
+gigatoken encodes only tokenizers whose options `gigatoken_allowed.ALLOWED` lists (proven equal);
+for any other `auto` uses `tokenizers` and says why (`reason`, the manifest's
+`token_cache.backend_reason`), and `gigatoken` asked for by name is an error. `auto` also settles
+per run (`plan`): `tokenizers` under `AUTO_MIN_BYTES` of input, else gigatoken, loaded on a thread
+while the first chunks parse.
+
+The check, a second line: texts spread over every encode of the run go through both libraries,
+the whole of the first VERIFY_TEXTS / VERIFY_BYTES, then VERIFY_SHARE of each call's texts. A
+difference before gigatoken's ids left unchecked texts sends an `auto` run to `tokenizers` with one
+warning (nothing it wrote came from an unchecked gigatoken id); a later one stops the run (ids
+already written may differ). `--tokenizer-backend gigatoken` stops on any difference.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import functools
+import importlib.metadata
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +29,7 @@ import pyarrow as pa
 
 from etl.arrow_values import string_offsets
 from etl.errors import EtlError, EtlWarning
+from etl.tokens import gigatoken_allowed as allowed
 from etl.tokens import gigatoken_encoder as fast
 from etl.tokens.gigatoken_encoder import AUTO, GIGATOKEN, HF
 
@@ -33,6 +43,17 @@ AUTO_MIN_BYTES = 4 << 20
 # VERIFY_BYTES of them: `tokenizers` encodes ~3 MB/s on 2 cores, so ~0.1 s once per run.
 VERIFY_TEXTS = 2000
 VERIFY_BYTES = 256 << 10
+# Then this share of every later encode's texts (and at most of its bytes; one text at least),
+# spread over the call, so every chunk of the input is sampled. Measured on T0's 110k texts (60 MB)
+# with Qwen2.5 in calls of 10k texts, 2 loaded cores: the check took 0.25 s of the encode's 1.2 s
+# (0.30 MB through both); checking the first 256 KiB alone took 0.19 s. ~1 s more per GB of text.
+VERIFY_SHARE = 1 / 1024
+# The encoder tag of ids `tokenizers` made: the reference, which any run may be served.
+TOKENIZERS_IDS = "tokenizers"
+# How a cached text's key names the encoder that made its ids (`etl.cache.keys.tagged`); part of
+# every token cache namespace's key (`HFTokenizer.cache_key`), so a cache written before encoders
+# were named (where gigatoken's ids of any tokenizer sat under tokenizers' keys) is never read.
+ENCODER_IN_KEY = "md5(text) for tokenizers' ids; xor md5(encoder tag) for another encoder's"
 
 
 def settle(requested: str, input_bytes: int) -> str:
@@ -47,16 +68,21 @@ class ContentBackend:
 
     def __init__(self, requested: str, raw: bytes, name: str) -> None:
         self.requested, self.name = requested, name
+        self.asked = requested  # before `plan` settles it: which cached ids the run accepts
         self.used: str | None = None
+        self.reason: str | None = "asked for (--tokenizer-backend hf)" if requested == HF else None
         self._raw: bytes | None = raw if requested != HF else None  # until gigatoken reads it
         self._loading: concurrent.futures.Future[Any] | None = None
         self._checked = [0, 0]  # texts and bytes both encoders have seen
+        self._unchecked = False  # whether gigatoken gave ids of texts both did not see
 
     def plan(self, input_bytes: int, *, preload: bool) -> None:
         """Settle `auto` for a run over `input_bytes` of input; `preload`: start loading gigatoken
         (`gigatoken` asked for by name loads now: a tokenizer it cannot read stops the run here,
         with one line, before any chunk is processed)."""
         if settle(self.requested, input_bytes) == HF:
+            if self.requested == AUTO:
+                self.reason = f"auto: input under {AUTO_MIN_BYTES >> 20} MiB"
             self.requested, self._raw = HF, None
         elif self.requested == GIGATOKEN:
             self.fast  # noqa: B018 - raises EtlError now
@@ -84,15 +110,48 @@ class ContentBackend:
         raw, self._raw = self._raw, None
         assert raw is not None
         try:
+            refused = allowed.refusal(allowed.components(raw))
+        except (ValueError, AttributeError) as exc:  # not JSON, or not a tokenizer.json's shape
+            refused = f"its tokenizer.json cannot be read ({type(exc).__name__})"
+        if refused is not None:
+            if self.requested == GIGATOKEN:
+                raise EtlError(f"tokenizer backend gigatoken may not encode tokenizer {self.name}: {refused}; "
+                               "pass --tokenizer-backend auto (which uses tokenizers for it) or hf")
+            self.reason = f"gigatoken may not encode it: {refused}"
+            return None
+        try:
             return fast.load(raw, self.name)
-        except EtlError:
+        except EtlError as exc:
             if self.requested == GIGATOKEN:
                 raise
+            self.reason = str(exc).split("; ", 1)[0].removeprefix("tokenizer backend ")  # without the advice
             return None
+
+    @functools.cached_property
+    def gigatoken_ids(self) -> str | None:
+        """The encoder tag of gigatoken's ids (its version and the allow-list's), or None where
+        gigatoken is not installed. The token cache keeps each encoder's ids apart by this tag."""
+        try:
+            version = importlib.metadata.version("gigatoken")  # ~2 ms, without importing it
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return f"gigatoken {version}, allowed v{allowed.ALLOWED_VERSION}"
+
+    def served(self) -> list[str]:
+        """Encoder tags whose cached ids this run may be served: `tokenizers`' always (the
+        reference); gigatoken's (of this version) only where the run asked for auto or gigatoken
+        and has not found it to differ."""
+        trusted = self.asked != HF and "fast" not in self.__dict__ or self.__dict__.get("fast") is not None
+        return [TOKENIZERS_IDS, *([self.gigatoken_ids] if trusted and self.gigatoken_ids else [])]
+
+    @property
+    def made(self) -> str:
+        """The encoder tag of the last ids `ids` gave (texts routed to `tokenizers` included)."""
+        return TOKENIZERS_IDS if self.used != GIGATOKEN else (self.gigatoken_ids or GIGATOKEN)
 
     def ids(self, pieces: pa.LargeStringArray, reference: Callable[[pa.LargeStringArray], Encoded]) -> Encoded:
         """The pieces' ids from the run's backend; `reference`: `tokenizers`' encode."""
-        if self.fast is not None and self._checked[0] < VERIFY_TEXTS and self._checked[1] < VERIFY_BYTES:
+        if self.fast is not None and len(pieces):
             self._verify(pieces, reference)
         if self.fast is None:
             self.used = HF
@@ -112,23 +171,32 @@ class ContentBackend:
         return (*merged, seconds)
 
     def _verify(self, pieces: pa.LargeStringArray, reference: Callable[[pa.LargeStringArray], Encoded]) -> None:
-        """Compare both on texts spread over `pieces`; on a difference `auto` drops gigatoken."""
-        index = fast.sample(len(pieces), VERIFY_TEXTS - self._checked[0])
+        """Compare both on texts spread over `pieces` (see the module); on a difference `auto` drops
+        gigatoken, or stops when gigatoken already gave ids of texts the check did not see."""
         offsets = string_offsets(pieces)
-        within = np.cumsum(np.diff(offsets)[index]) <= VERIFY_BYTES - self._checked[1]
-        if not within.all():  # fewer texts, still spread over the chunk: about VERIFY_BYTES of them
-            index = fast.sample(len(pieces), max(1, int(within.sum())))
+        size = int(offsets[-1] - offsets[0])
+        texts = max(0, VERIFY_TEXTS - self._checked[0]) + math.ceil(len(pieces) * VERIFY_SHARE)
+        budget = max(0, VERIFY_BYTES - self._checked[1]) + math.ceil(size * VERIFY_SHARE)
+        sizes = np.diff(offsets)
+        index = fast.sample(len(pieces), texts)
+        while len(index) > 1 and (got := int(sizes[index].sum())) > budget:  # fewer, still spread over the call
+            index = fast.sample(len(pieces), min(len(index) - 1, len(index) * budget // got))
         some = pieces.take(index)
         self._checked[0] += len(some)
-        self._checked[1] += some.buffers()[2].size if some.buffers()[2] is not None else 0
+        self._checked[1] += int(sizes[index].sum())
         differs = fast.first_difference(reference(some)[:2], self._routed(some, reference)[:2])
         if differs is None:
+            self._unchecked |= len(some) < len(pieces)
             return
         text = some[differs].as_py()
         shown = text if len(text) <= 80 else text[:77] + "..."
-        if self.requested == GIGATOKEN:
+        if self.requested == GIGATOKEN or self._unchecked:
             raise EtlError(f"tokenizer backend gigatoken gives other ids than tokenizers for {shown!r} with "
-                           f"tokenizer {self.name}; pass --tokenizer-backend hf (or auto, which falls back)")
+                           f"tokenizer {self.name}" + ("" if self.requested == GIGATOKEN else
+                                                       ", after it encoded texts the check did not see")
+                           + "; pass --tokenizer-backend hf" + ("" if self._unchecked else
+                                                                " (or auto, which falls back)"))
         warnings.warn(f"tokenizer backend: gigatoken gives other ids than tokenizers for {shown!r}; this run "
                       "encodes with tokenizers (hf)", EtlWarning, stacklevel=2)
+        self.reason = f"gigatoken gave other ids than tokenizers for {shown!r}"
         self.__dict__["fast"] = None

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from etl.arrow_values import string_offsets
 from etl.errors import EtlError
-from etl.tokens.backend import ContentBackend
+from etl.tokens.backend import ENCODER_IN_KEY, ContentBackend
 from etl.tokens.cutting import cut_points, cuttable
 from etl.tokens.gigatoken_encoder import AUTO
 from etl.tokens.token_display import TokenDisplay
@@ -134,12 +134,13 @@ class HFTokenizer:
     @property
     def cache_key(self) -> str:
         """Everything a text's ids depend on besides the text (`etl.cache`): the tokenizer file,
-        the tokenizers version and how content is encoded (long texts' cuts change no id)."""
+        the tokenizers version and how content is encoded (long texts' cuts change no id); the
+        encoder that made them is in each text's key (`etl.cache.keys.tagged`)."""
         # tokenizers: only when a tokenizer loads
         import tokenizers
 
         return json.dumps({"tokenizer_sha256": self.sha256, "tokenizers": tokenizers.__version__,
-                           "content": CONTENT_ENCODING}, sort_keys=True)
+                           "content": CONTENT_ENCODING, "encoder": ENCODER_IN_KEY}, sort_keys=True)
 
     def encode_texts(self, texts: pa.Array, *, timings: Counter[str] | None = None) -> pa.LargeListArray:
         """Ids of every text, as if each were encoded whole.
