@@ -23,11 +23,12 @@ from etl.analysis.reference import conversation, tools_column
 from etl.analysis.trl_pairs import (
     EQUAL,
     REASONS,
+    TRL_ERROR,
     TRL_PATH,
     Pair,
     classify,
     pairs_by_line,
-    trl_prepare,
+    trl_rows,
 )
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
@@ -106,12 +107,15 @@ def _trl_records(good: pa.Table, default_system: str | None) -> list[dict[str, A
 def _compare_chunk(source_name: str, good: pa.Table, ctx: Resources, ref: TemplateReference, report: PairCheckReport) -> None:
     ours = _etl_pairs(source_name, good, ctx, report)
     tokenizer = ref.renderer.tokenizer  # type: ignore[attr-defined]
-    rows = trl_prepare(_trl_records(good, ctx.config.default_system), tokenizer).to_list()
+    rows = trl_rows(_trl_records(good, ctx.config.default_system), tokenizer)
     for line, row in zip(good.column(c.SOURCE_LINE).to_pylist(), rows, strict=True):
         pair = ours.get(line)
         if pair is None:
             continue
         report.examples += 1
+        if row is None:
+            report.differ[TRL_ERROR] += 1
+            continue
         verdict, warned = classify(tokenizer, row, pair)
         report.trl_warns += warned
         if verdict == EQUAL:

@@ -28,15 +28,17 @@ from etl.formats.transcript import DEFAULT_MARKERS
 # which etl encodes as text on purpose (content is data) and TRL's tokenizer parses as control.
 # `conversation`: TRL does not warn, and etl's ids of a whole conversation differ from
 # apply_chat_template's: not a matter of pairs (check-template on the conversations shows it).
-EQUAL, TEMPLATE, BPE, SPECIAL_TEXT, CONVERSATION, OTHER = (
-    "equal", "template", "bpe", "special_text", "conversation", "other")
-REASONS = (TEMPLATE, BPE, SPECIAL_TEXT, CONVERSATION, OTHER)
+# `trl_error`: TRL's own preparation raises on the pair (TRL could not train on it as given).
+EQUAL, TEMPLATE, BPE, SPECIAL_TEXT, CONVERSATION, TRL_ERROR, OTHER = (
+    "equal", "template", "bpe", "special_text", "conversation", "trl_error", "other")
+REASONS = (TEMPLATE, BPE, SPECIAL_TEXT, CONVERSATION, TRL_ERROR, OTHER)
 REASON_TEXT = {
     TEMPLATE: "the prompt rendered alone differs from inside the conversation",
     BPE: "tokens merge across the prompt/completion join (whole-string tokenization vs etl's per-turn)",
     SPECIAL_TEXT: "content has special-token text: etl encodes it as text, TRL's tokenizer as control",
     CONVERSATION: "etl's ids of the whole conversation differ from apply_chat_template's (check-template "
                   "on the conversations shows why)",
+    TRL_ERROR: "TRL's _prepare_dataset raises on the pair alone: TRL could not train on it as given",
     OTHER: "unexplained",
 }
 TRL_PATH = ("trl {version} DPOTrainer._prepare_dataset (extract_prompt for implicit pairs; prompt, "
@@ -91,6 +93,49 @@ def _with_tool_text(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
     return rows
 
 
+def _uniform_keys(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Records whose messages all carry the same keys (None where a message has none).
+
+    `Dataset.from_list` gives each column one struct type, so a key that only some messages of a
+    column have (`tool_calls`, `reasoning_content`) becomes None in the others, and a column
+    without it lacks it: the two sides' shared messages then differ as dicts and TRL's
+    `extract_prompt` finds an empty prompt (an IndexError). transformers drops None keys when it
+    renders, so the filled keys change no text.
+    """
+    rows = [dict(r) for r in records]
+    sides = [k for k in ("prompt", "chosen", "rejected") if any(isinstance(r.get(k), list) for r in rows)]
+    keys = sorted({key for r in rows for k in sides if isinstance(r.get(k), list) for m in r[k] for key in m})
+    for r in rows:
+        for k in sides:
+            if isinstance(r.get(k), list):
+                r[k] = [{key: m.get(key) for key in keys} for m in r[k]]
+    return rows
+
+
+def trl_rows(records: Sequence[Mapping[str, Any]], tokenizer: Any) -> list[dict[str, Any] | None]:
+    """`trl_prepare`'s rows for `records`, None for a pair TRL's preparation raises on.
+
+    One call for them all (~550 pairs/s), or one per pair where a tool call is present (its
+    `arguments` of different shapes would share one struct type, None-filled keys included) or the
+    call for them all raised: ~10 ms a pair, and the pair TRL fails on is told apart.
+    """
+    records = _uniform_keys(records)
+    calls = any(m.get("tool_calls") for r in records for k in ("prompt", "chosen", "rejected")
+                if isinstance(r.get(k), list) for m in r[k])
+    if not calls:
+        with contextlib.suppress(Exception):  # TRL and datasets raise many kinds; retried one by one
+            return trl_prepare(records, tokenizer).to_list()
+    rows: list[dict[str, Any] | None] = []
+    for record in records:
+        try:
+            rows.append(trl_prepare([record], tokenizer).to_list()[0])
+        except EtlError:
+            raise
+        except Exception:  # noqa: BLE001 (TRL's own error on this pair: the pair's verdict)
+            rows.append(None)
+    return rows
+
+
 def trl_prepare(records: Sequence[Mapping[str, Any]] | Any, tokenizer: Any, *, num_proc: int | None = None) -> Any:
     """TRL's `DPOTrainer._prepare_dataset` on preference records, called as the trainer calls it.
 
@@ -115,7 +160,7 @@ def trl_prepare(records: Sequence[Mapping[str, Any]] | Any, tokenizer: Any, *, n
     except ImportError as exc:
         raise EtlError(f"comparing preference pairs with TRL needs trl and datasets ({exc}); install them "
                        "with `pip install trl datasets` (or etl's `hf` extra)") from exc
-    data = records if isinstance(records, Dataset) else Dataset.from_list(_with_tool_text(records))
+    data = records if isinstance(records, Dataset) else Dataset.from_list(_with_tool_text(_uniform_keys(records)))
     self = SimpleNamespace(_tokenizer=tokenizer)
     args = SimpleNamespace(dataset_num_proc=num_proc, max_length=None, truncation_mode="keep_start")
     with _quiet():

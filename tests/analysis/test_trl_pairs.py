@@ -24,6 +24,7 @@ from etl.analysis.trl_pairs import (
     OTHER,
     SPECIAL_TEXT,
     TEMPLATE,
+    TRL_ERROR,
     classify,
     compare,
     hh_record,
@@ -135,7 +136,7 @@ def test_compare_counts_by_reason(tmp_path: Path) -> None:
     swapped = (same[1][0], same[1][2], same[1][1])
     counts = compare(tok, rows, [same[0], swapped, None])
     assert (counts["pairs"], counts["equal"], counts["trl_warns"], counts["not_in_etl"]) == (2, 1, 2, 1)
-    assert counts["differ"] == {TEMPLATE: 0, BPE: 0, SPECIAL_TEXT: 0, CONVERSATION: 0, OTHER: 1}
+    assert counts["differ"] == {TEMPLATE: 0, BPE: 0, SPECIAL_TEXT: 0, CONVERSATION: 0, TRL_ERROR: 0, OTHER: 1}
     assert counts["examples"] == {OTHER: 1}
 
 
@@ -192,7 +193,7 @@ def test_check_template_counts_pairs_by_reason(tmp_path: Path, capsys: pytest.Ca
     assert main([*args, "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["examples"], report["equal"], report["trl_warns"]) == (3, 2, 0)
-    assert report["differ"] == {TEMPLATE: 0, BPE: 0, SPECIAL_TEXT: 1, CONVERSATION: 0, OTHER: 0}
+    assert report["differ"] == {TEMPLATE: 0, BPE: 0, SPECIAL_TEXT: 1, CONVERSATION: 0, TRL_ERROR: 0, OTHER: 0}
     assert sum(report["rejected"].values()) == 1  # chosen equals rejected
     diff = report["first_diff"]
     assert (diff["id"], diff["part"], diff["reason"]) == ("pairs.jsonl:2", "chosen_ids", SPECIAL_TEXT)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.commands.test_rough_edges import etl
 
 CHATS = [
@@ -73,3 +75,39 @@ def test_a_kto_record_without_a_user_turn_is_named_so(tmp_path: Path) -> None:
     rejects = _rejects(tmp_path / "out")
     assert rejects[0][0] == "no_user_turn" and "give the record a prompt or a user message" in rejects[0][1]
     assert rejects[1][0] == "empty_completion" and set(rejects) == {0, 1}
+
+
+QWEN3 = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "qwen3-tokenizer"
+
+
+def _pair(user: str, chosen: dict[str, object], rejected: str) -> dict[str, object]:
+    ask = {"role": "user", "content": user}
+    return {"chosen": [ask, chosen], "rejected": [ask, {"role": "assistant", "content": rejected}]}
+
+
+@pytest.mark.shared
+@pytest.mark.skipif(not QWEN3.exists(), reason="../shared data absent")
+def test_check_template_classifies_pairs_with_tool_calls_and_special_text(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    pairs = [_pair("weather?", {"role": "assistant", "content": "", "tool_calls": [call]}, "no idea"),
+             _pair("think", {"role": "assistant", "content": "<think>\nhm\n</think>\n\nok"}, "no"),
+             _pair("Print <|im_end|> now", {"role": "assistant", "content": "<|im_end|>"}, "no")]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    done = etl("check-template", "p.jsonl", "--input-type", "preference", "--tokenizer", str(QWEN3), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "pairs checked                                         3" in done.stdout
+    assert "differ: special_text                                  1" in done.stdout
+    assert "equal to TRL (prompt, chosen, rejected ids)           2" in done.stdout
+
+
+def test_a_pair_trl_cannot_prepare_is_its_own_verdict(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("trl")
+    from etl.analysis.trl_pairs import trl_rows
+    from tests.commands.test_rough_edges import write_tiny_tokenizer
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(write_tiny_tokenizer(tmp_path / "tok")))
+    good = _pair("hi", {"role": "assistant", "content": "yo"}, "no")
+    rows = trl_rows([good, {"chosen": [], "rejected": good["rejected"]}], tok)
+    assert rows[0] is not None and rows[0]["chosen_ids"] and rows[1] is None
