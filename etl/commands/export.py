@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         raise EtlError(f"OUT {args.out} is a file; pass a folder to export into")
     if args.max_tokens_per_shard is not None and args.max_tokens_per_shard < 1:
         raise EtlError(f"--max-tokens-per-shard must be >= 1, got {args.max_tokens_per_shard}")
+    _refuse_pairs(args.dst)
     extra = {"max_tokens_per_shard": args.max_tokens_per_shard} if args.format != "episodes" else {}
     counts = FORMATS[args.format](
         args.dst, args.out, splits=tuple(args.splits), mask=not args.no_mask, **extra
@@ -116,3 +117,16 @@ def run(args: argparse.Namespace) -> int:
     for split, c in counts.items():
         print(f"{split}: {c['episodes']:,} episodes, {c['tokens']:,} tokens -> {args.out / split}")
     return 0
+
+
+def _refuse_pairs(dst: Path) -> None:
+    """Every format is an SFT token stream (input_ids + loss_mask): refuse pairs before OUT is touched."""
+    # pyarrow: only when run, not for --help
+    from etl.columns import MANIFEST_KIND
+    from etl.output.manifest import read_manifest
+
+    kind = read_manifest(dst).get(MANIFEST_KIND, "sft")
+    if kind != "sft":
+        rows = "preference pairs (prompt, chosen, rejected)" if kind == "preference" else f"{kind} rows"
+        raise EtlError(f"{dst} holds {rows}, and export writes SFT token streams (input_ids + loss_mask) only; train on the Parquet "
+                       "itself: ParquetLoader(DST), or datasets.load_dataset(DST) for TRL")

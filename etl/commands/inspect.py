@@ -76,6 +76,12 @@ def run(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.dst)
     plain = args.plain or not (args.color or sys.stdout.isatty())
     special = {int(i) for i in (manifest.get("special_ids") or {}).values()}
+    if args.pack is not None and (kind := manifest.get(MANIFEST_KIND, "sft")) != "sft":
+        # A pair pack lays out prompt, chosen and rejected with positions and attention of its own:
+        # the loader builds those (etl.loader.pairs_pack), and --pack renders SFT rows only.
+        raise EtlError(f"--pack shows packed SFT rows, and {args.dst} holds {kind} rows; `etl inspect "
+                       f"{args.dst} --row N` shows one of them, and ParquetLoader(DST, packing=...) gives "
+                       "their packed batches")
     if args.pack is not None:
         # pyarrow/rich: only for a pack index
         from etl.analysis.inspect_pack import read_pack, render_pack_plain, render_pack_rich

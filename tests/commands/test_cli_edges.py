@@ -111,3 +111,20 @@ def test_a_pair_trl_cannot_prepare_is_its_own_verdict(tmp_path: Path) -> None:
     good = _pair("hi", {"role": "assistant", "content": "yo"}, "no")
     rows = trl_rows([good, {"chosen": [], "rejected": good["rejected"]}], tok)
     assert rows[0] is not None and rows[0]["chosen_ids"] and rows[1] is None
+
+
+def test_inspect_pack_and_export_on_pairs_say_what_to_do_and_leave_nothing(tmp_path: Path) -> None:
+    pair = {"prompt": "hi", "chosen": "good", "rejected": "bad"}
+    (tmp_path / "p.jsonl").write_text(json.dumps(pair) + "\n")
+    assert etl("run", "p.jsonl", "out", "--input-type", "preference", "--quiet", cwd=tmp_path).returncode == 0
+    assert etl("pack", "out", "--seq-len", "64", "--strategy", "bfd", cwd=tmp_path).returncode == 0
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+    shown = etl("inspect", "out", "--pack", "0", cwd=tmp_path)
+    assert shown.returncode == 2 and shown.stderr.count("\n") == 1, shown.stderr
+    assert "holds preference rows; `etl inspect out --row N` shows one of them" in shown.stderr
+    for fmt, out in (("episodes", "ex"), ("bin", "out")):
+        done = etl("export", "out", out, "--format", fmt, cwd=tmp_path)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "out holds preference pairs (prompt, chosen, rejected), and export writes SFT token" in done.stderr
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no _journal.jsonl, no ex/
