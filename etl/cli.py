@@ -68,18 +68,42 @@ def _show_warning(message: Warning | str, category: type[Warning], *args: Any, *
 
 
 # numpy's `tofile` (episodes, bin shards) reports a short write as "N requested and M written",
-# without an errno: on a local disk that is a full one (a file-size ulimit kills with SIGXFSZ first).
+# without an errno: a full disk, or the file size limit (Python ignores SIGXFSZ: writes past
+# `ulimit -f` fail with EFBIG instead of killing the process).
 _SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+_NO_SPACE = ("no space left on device", "free some space or write to another disk")
+_SIZE_LIMIT = ("file size limit reached (ulimit -f)", "raise it (ulimit -f unlimited) or write elsewhere")
+# Why a write failed, by errno: the cause in words, and what to do about it.
+_WRITE_FAILURES = {
+    errno.ENOSPC: _NO_SPACE,
+    errno.EDQUOT: ("disk quota exceeded", "free some of your quota or write to another disk"),
+    errno.EFBIG: _SIZE_LIMIT,
+    errno.EROFS: ("read-only file system", "write to another disk"),
+}
+_DENIED = (errno.EACCES, errno.EPERM)  # a read-only folder, or another user's: reading or writing
 
 
-def _no_space(exc: OSError, args: argparse.Namespace) -> str | None:
-    """'no space left on device' and where, for a full disk (pyarrow raises it as OSError too)."""
+def _size_limited() -> bool:
+    import resource  # POSIX only, and only after a failed write
+
+    return resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY
+
+
+def _write_failure(exc: OSError, args: argparse.Namespace) -> str | None:
+    """The path and the cause of a failed write (a full disk, a quota, `ulimit -f`, a read-only or
+    foreign folder), in one line; None for another OSError. pyarrow raises them as OSError too."""
     text = str(exc)
-    if exc.errno != errno.ENOSPC and "No space left on device" not in text and not _SHORT_WRITE.fullmatch(text):
-        return None
     where = exc.filename or getattr(args, "out", None) or getattr(args, "dst", None)
-    return (f"no space left on device while writing {where}; free some space or write to another "
-            "disk (the next run removes this partial output)")
+    if exc.errno in _DENIED:
+        return (f"{where}: {(exc.strerror or 'permission denied').lower()}; make it (and the folder it is "
+                "in) accessible to you, or choose another path")
+    found = _WRITE_FAILURES.get(exc.errno)  # type: ignore[arg-type]
+    if found is None and ("No space left on device" in text or _SHORT_WRITE.fullmatch(text)):
+        found = _SIZE_LIMIT if _size_limited() else _NO_SPACE
+    if found is None:
+        return None
+    cause, fix = found
+    return f"{cause} while writing {where}; {fix} (the next run removes this partial output)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,14 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     except EtlError as exc:
         print(f"etl {args.command}: error: {user_message(exc)}", file=sys.stderr)
         return EXIT_ERROR
-    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+    except (FileNotFoundError, IsADirectoryError) as exc:
         print(f"etl {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:  # `etl stats DST | head`: the reader left; that is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-    except OSError as exc:
-        if (message := _no_space(exc, args)) is None:
+    except OSError as exc:  # PermissionError included
+        if (message := _write_failure(exc, args)) is None:
             return _internal_error(args.command, exc)
         print(f"etl {args.command}: error: {message}", file=sys.stderr)
         return EXIT_ERROR

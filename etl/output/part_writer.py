@@ -68,7 +68,13 @@ class PartWriter:
 
     def _write_now(self, folder: str, table: pa.Table, path: Path) -> None:
         assert self.output is not None
-        write_part(table, self.output.reserve(path), identity=self.identity)
+        try:
+            write_part(table, self.output.reserve(path), identity=self.identity)
+        except OSError as exc:
+            if exc.filename is not None or exc.errno is None:
+                raise
+            # pyarrow's error names no file: the one line `etl` prints names the part (EFBIG: ulimit -f)
+            raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from exc
         self.output.add(path, rows=table.num_rows)
 
     def write(self, folder: str, table: pa.Table) -> None:

@@ -128,3 +128,53 @@ def test_inspect_pack_and_export_on_pairs_say_what_to_do_and_leave_nothing(tmp_p
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert "out holds preference pairs (prompt, chosen, rejected), and export writes SFT token" in done.stderr
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no _journal.jsonl, no ex/
+
+
+def _write_limited(nbytes: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+
+
+def test_a_file_size_limit_is_one_line_naming_the_file_and_nothing_looks_finished(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    text = " ".join(str(i * 7919 % 10007) for i in range(3000))  # ~17 KB that compresses little
+    big = {"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": text}]}
+    (tmp_path / "raw.jsonl").write_text(json.dumps(big) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-m", "etl", "run", "raw.jsonl", "out", "--quiet"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, check=False, preexec_fn=lambda: _write_limited(4096))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("etl run: error: file size limit reached (ulimit -f) while writing out/")
+    assert ".parquet; raise it (ulimit -f unlimited)" in done.stderr
+    assert not (tmp_path / "out" / "_manifest.json").exists()
+    for part in (tmp_path / "out").rglob("*.parquet"):  # a part under its final name is whole
+        pq.read_metadata(part)
+
+
+def test_a_read_only_parent_is_one_line_naming_the_folder(tmp_path: Path) -> None:
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    # root writes anywhere: drop that capability (setpriv) so the folder's mode counts
+    prefix = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    _chats(tmp_path)
+    (tmp_path / "ro").mkdir(mode=0o555)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([*prefix, sys.executable, "-m", "etl", "run", "raw.jsonl", "ro/out", "--quiet"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == ("etl run: error: ro/out: permission denied; make it (and the folder it is in) "
+                           "accessible to you, or choose another path\n")
+    assert list((tmp_path / "ro").iterdir()) == []
