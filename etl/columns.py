@@ -37,8 +37,13 @@ DEFAULT_MAX_CHARS = 2_000_000
 # Layout of DST/.
 MANIFEST_FILE = "_manifest.json"
 # 2: the manifest's `files` lists every file written with rows, bytes and sha256 (1: data/turns
-# paths only); readers accept 2 and newer.
-MANIFEST_FORMAT_VERSION = 2
+# paths only); readers accept 2 and newer. 3: the manifest carries RECORD_SHA256, its own checksum,
+# and must (a 2 without one is read with a warning: etl.output.verify).
+MANIFEST_FORMAT_VERSION = 3
+MANIFEST_FILES_VERSION = 2
+# Every record etl writes (_manifest.json, _packs.json, _export.json) holds the sha256 of its own
+# canonical JSON (sorted keys, no spaces, ASCII) less this key; readers verify it before trusting it.
+RECORD_SHA256 = "record_sha256"
 # The run's identity: 16 hex digits the manifest records under RUN_ID and every part
 # carries in its Parquet key-value metadata (etl.output.parquet). A pack index part carries its
 # `etl pack`'s (`_packs.json`'s RUN_ID) and the run's whose data it indexes (DATA_RUN_ID).

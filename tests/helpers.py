@@ -49,6 +49,17 @@ def seal(root: Path, manifest: dict[str, object] | None = None) -> Path:
              if p.relative_to(root).parts[0] in (c.DATA_DIR, c.TURNS_DIR, c.REJECTS_DIR)]
     files = [describe_file(p, root, rows=pq.read_metadata(p).num_rows) for p in parts]
     body = {"format_version": c.MANIFEST_FORMAT_VERSION, **manifest, "files": files}
+    return write_manifest(root, body)
+
+
+def write_manifest(root: Path, manifest: dict[str, object]) -> Path:
+    """Write `manifest` as `root/_manifest.json` with its checksum, as etl does: for tests that edit
+    a manifest and want the edit read (without it, readers refuse the manifest as damaged)."""
+    import json
+
+    from etl import columns as c
+    from etl.output.verify import seal as seal_record
+
     root.mkdir(parents=True, exist_ok=True)
-    (root / c.MANIFEST_FILE).write_text(json.dumps(body, indent=2, sort_keys=True), encoding="utf-8")
+    (root / c.MANIFEST_FILE).write_text(json.dumps(seal_record(manifest), indent=2, sort_keys=True), encoding="utf-8")
     return root

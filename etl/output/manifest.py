@@ -10,10 +10,12 @@ from typing import Any
 
 from etl.columns import MANIFEST_FILE
 from etl.errors import EtlError
+from etl.output.verify import RERUN, check_manifest
 
 
 def read_manifest(dst: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load the manifest of a finished run, or raise an `EtlError` that says what to run."""
+    """Load the manifest of a finished run, verified (`etl.output.verify.check_manifest`), or raise
+    an `EtlError` that says what to run."""
     path = Path(dst) / MANIFEST_FILE
     if not path.is_file():
         if (root := _output_above(Path(dst))) is not None:
@@ -22,7 +24,12 @@ def read_manifest(dst: str | os.PathLike[str]) -> dict[str, Any]:
         raise EtlError(
             f"{path} not found: {dst} is not a finished etl output; run `etl run SRC {dst}` first"
         )
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # a torn or bit-flipped file: JSONDecodeError, UnicodeDecodeError
+        raise EtlError(f"{path} is unreadable ({str(exc).splitlines()[0]}): the manifest is damaged; "
+                       f"{RERUN}") from exc
+    return check_manifest(manifest, path)  # its checksum and facts, before anyone trusts it
 
 
 def _output_above(folder: Path) -> Path | None:

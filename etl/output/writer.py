@@ -32,6 +32,7 @@ from etl.output.ownership import (
     read_record_file,
     tmp_of,
 )
+from etl.output.verify import seal
 from etl.safe_paths import check_no_symlink, open_nofollow
 
 
@@ -195,9 +196,10 @@ class OutputWriter:
 
 
 def _write_json(path: Path, body: dict[str, Any]) -> None:
-    """A record written under its temp name, then renamed: a reader sees the old or the new one."""
+    """A record written under its temp name, then renamed: a reader sees the old or the new one.
+    Sealed with its own checksum (`etl.output.verify.seal`), recomputed by every `amend`."""
     tmp = tmp_of(path)
-    tmp.write_text(json.dumps(body, indent=2, sort_keys=True, allow_nan=False) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(seal(body), indent=2, sort_keys=True, allow_nan=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 

@@ -28,10 +28,11 @@ from etl.output.ownership import record_paths
 from etl.output.parquet import identity_keys, identity_of
 from etl.output.part_writer import PartWriter
 from etl.output.parts import check_part, fingerprint, open_part
+from etl.output.verify import check_seal
 from etl.output.writer import OutputWriter
 from etl.packing.index import PACKS_SCHEMA, PackIndex, index_packing, index_table, split_parts
 
-PACKS_FORMAT_VERSION = 1
+PACKS_FORMAT_VERSION = 2  # 2: the record carries its checksum (etl.output.verify)
 # Packs per part file: ~256k packs of ~8 pieces each is ~2M pieces, ~20 MB of Parquet, so a
 # split of 1M examples stays one or two files and a reader never holds more than one part twice.
 PACKS_PER_PART = 1 << 18
@@ -104,6 +105,8 @@ def read_record(dst: str | os.PathLike[str]) -> dict[str, Any] | None:
     if record.get("format_version", 0) > PACKS_FORMAT_VERSION:
         raise EtlError(f"{path} was written by a newer etl (format {record['format_version']}); "
                        "upgrade etl or rerun `etl pack` with this one")
+    # Verified before trusted, as the manifest is: format 2 records carry their checksum (1: none).
+    check_seal(record, path, fix=REPACK, required=record.get("format_version", 0) != 1)
     return record
 
 

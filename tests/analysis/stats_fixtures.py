@@ -133,7 +133,7 @@ EXAMPLES = [
         part=1, source_line=3),
     Example("ex-chat-2", "train", "__default__", [
         SYS, Turn("user", "tell me a long story about parquet files and duckdb"),
-        Turn("assistant", "once upon a time a column met a row group and they compressed happily")],
+        Turn("assistant", "once upon a time, a row group")],  # <= SEQ_LEN
         part=1, source_line=4),
     Example("ex-math-3", "val", "math",
             [SYS, Turn("user", "1+1"), Turn("assistant", "2", sep=False)]),

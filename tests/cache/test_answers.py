@@ -52,8 +52,8 @@ def test_warm_run_never_parses_the_tokenizer(src: Path, tiny_tokenizer_path: Pat
         warm = etl_run(src, tmp_path / "warm", *flags, "--cache", str(cache), "--seq-len", "64")
     plain = etl_run(src, tmp_path / "plain", *flags, "--no-cache", "--seq-len", "64")
     assert output_digests(tmp_path / "warm") == output_digests(tmp_path / "plain")
-    assert {k: v for k, v in warm.items() if k not in ("token_cache", "files")} == {
-        k: v for k, v in plain.items() if k not in ("token_cache", "files")}
+    assert {k: v for k, v in warm.items() if k not in ("token_cache", "files", "record_sha256")} == {
+        k: v for k, v in plain.items() if k not in ("token_cache", "files", "record_sha256")}
     assert warm["default_system_ids"] and warm["tokenizer"]["vocab_size"] == plain["tokenizer"]["vocab_size"]
 
 

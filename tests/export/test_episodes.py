@@ -127,7 +127,7 @@ def test_truncation_long_episode_keeps_first_block_plus_one(episodes: Path) -> N
 
 def test_mask_alignment_against_the_files(tmp_path: Path) -> None:
     examples = random_examples(40, seed=8, max_len=30)
-    dst = write_dst(tmp_path / "d", {"train": examples}, rows_per_group=7)
+    dst = write_dst(tmp_path / "d", {"train": examples}, rows_per_group=7, manifest={"seq_len": 30})
     assert main(["export", str(dst), str(tmp_path / "ep"), "--format", "episodes"]) == 0
     tokens = np.fromfile(tmp_path / "ep/train/tokens.bin", dtype=np.uint32)
     maskf = np.fromfile(tmp_path / "ep/train/mask.bin", dtype=np.uint8)

@@ -65,8 +65,9 @@ def test_conservation_every_trained_token_once_per_epoch(
 
 def test_conservation_accounts_for_truncation(tmp_path: Path) -> None:
     examples = random_examples(30, seed=9, max_len=40)
-    root = write_dst(tmp_path / "long", {"train": examples}, rows_per_group=8)
-    with pytest.warns(UserWarning, match="below the S=16 that `etl run` used"):
+    # S=40: a run never writes a row longer than its S (readers refuse such a manifest)
+    root = write_dst(tmp_path / "long", {"train": examples}, rows_per_group=8, manifest={"seq_len": 40})
+    with pytest.warns(UserWarning, match="below the S=40 that `etl run` used"):
         loader = ParquetLoader(root, batch_size=4, seq_len=12, drop_last=False)  # right truncation
     assert delivered_targets(list(loader)) == trained_targets(examples, seq_len=12)
 

@@ -110,9 +110,12 @@ def test_uses_the_pack_index_when_it_matches(dst: Path) -> None:
 
 def test_long_examples_are_clipped_to_s_by_truncation(tmp_path: Path) -> None:
     examples = random_examples(20, seed=3, min_len=20, max_len=30)
-    root = write_dst(tmp_path / "long", {"train": examples}, manifest={"seq_len": 16})
+    # S=30 as run; the loader packs into 16 (a run never writes a row longer than its S)
+    root = write_dst(tmp_path / "long", {"train": examples}, manifest={"seq_len": 30})
     for truncation, first in (("right", 0), ("left", None)):
-        batch = next(iter(ParquetLoader(root, batch_size=2, packing=PackOptions("bfd", truncation=truncation))))
+        with pytest.warns(UserWarning, match="below the S=30"):
+            loader = ParquetLoader(root, batch_size=2, seq_len=16, packing=PackOptions("bfd", truncation=truncation))
+        batch = next(iter(loader))
         assert np.all(batch["segment_ids"].numpy() == 1)  # one clipped example fills each row
         starts = batch["x"][:, 0].numpy() % 1000
         assert np.all(starts == 0) if first == 0 else np.all(starts > 0)

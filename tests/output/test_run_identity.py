@@ -4,7 +4,6 @@ over a part is caught by the loader and `etl pack` too, which compare no sha256.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from etl.errors import EtlError
 from etl.output.manifest import read_manifest
 from etl.output.parquet import RUN_ID_KEY, part_identity
 from tests.commands.test_run_cli import EXAMPLES
+from tests.helpers import write_manifest
 
 PART = "data/train/part-00001.parquet"
 
@@ -134,7 +134,7 @@ def test_a_manifest_without_run_id_is_an_older_output_and_still_reads(runs: tupl
     dst = Path(shutil.copytree(runs[0], tmp_path / "old"))
     manifest = read_manifest(dst)
     del manifest[c.RUN_ID]
-    (dst / c.MANIFEST_FILE).write_text(json.dumps(manifest), encoding="utf-8")
+    write_manifest(dst, manifest)
     _loader(dst, tmp_path)
     _stats(dst, tmp_path)
 

@@ -18,6 +18,7 @@ from etl.cli import main
 from etl.errors import EtlError
 from etl.output.manifest import read_manifest
 from etl.output.parts import listed_parts
+from etl.output.verify import seal
 from etl.packing.index import PACKS_SCHEMA, PackIndex, build_pack_index, index_packing, index_table
 from etl.packing.index_io import read_pack_index, write_pack_index
 from etl.packing.pieces import Packing, whole_examples
@@ -154,7 +155,7 @@ def test_no_index_is_none_and_a_stale_index_says_to_repack(fresh: Path) -> None:
     assert read_pack_index(dst, "val") is None
     record = json.loads((dst / c.PACKS_FILE).read_text())
     record["splits"]["train"]["fingerprint"] = "0" * 16  # as if the data changed under the index
-    (dst / c.PACKS_FILE).write_text(json.dumps(record))
+    (dst / c.PACKS_FILE).write_text(json.dumps(seal(record)))  # resealed: the fingerprint must tell
     with pytest.raises(EtlError, match=r"built from other data.*rerun `etl pack`"):
         read_pack_index(dst, "train")
 

@@ -20,6 +20,7 @@ from etl.output.manifest import read_manifest
 from etl.output.parquet import DATA_RUN_ID_KEY, RUN_ID_KEY, part_identity
 from etl.packing.index_io import read_pack_index
 from etl.packing.stream import stream
+from tests.helpers import write_manifest
 from tests.packing.test_index import make_dst
 from tests.packing.test_stream import build
 
@@ -146,7 +147,7 @@ def test_a_crash_before_the_copy_leaves_it_absent_and_a_stale_copy_is_never_read
     assert c.MANIFEST_PACKS not in read_manifest(dst)  # absent, not the previous index's summary
     manifest = read_manifest(dst)
     manifest[c.MANIFEST_PACKS] = {"train": {"strategy": "ffd", "num_packs": 1}}  # a stale copy
-    (dst / c.MANIFEST_FILE).write_text(json.dumps(manifest), encoding="utf-8")
+    write_manifest(dst, manifest)  # sealed, as etl's amend would
     record = json.loads((dst / c.PACKS_FILE).read_text())  # the interrupted ffd pack's, committed
     assert record["splits"]["train"]["strategy"] == "ffd" and record["splits"]["train"]["num_packs"] > 1
     rows = {r["split"]: r for r in _stats(dst)}  # type: ignore[attr-defined]
