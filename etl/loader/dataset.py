@@ -70,7 +70,7 @@ class ParquetDataset(torch.utils.data.Dataset):
         self.manifest: dict[str, Any] = read_manifest(dst)
         # Exactly the parts the manifest lists, each checked for size, rows, run identity and
         # sha256, and the manifest's S against their longest row (`listed_parts`): the sha256 reads
-        # the split once at open (~0.5 s per GB a core, on up to 8 threads; once per process), never
+        # the split once at open (0.55-1.15 s per GB a core, on up to 8 threads; once per process), never
         # per batch; workers get this checked object. Page checksums are verified as groups are read.
         self.files = listed_parts(self.dst, f"{DATA_DIR}/{split}", manifest=self.manifest)
         if not self.files:
