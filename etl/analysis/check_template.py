@@ -184,7 +184,7 @@ def good_rows(raw: pa.Table, ctx: Resources, query: BuilderQuery, report: CheckR
     return good
 
 
-def _conversations(records: pl.DataFrame, tools: list[str | None], plan: pl.DataFrame,
+def conversations_of(records: pl.DataFrame, tools: list[str | None], plan: pl.DataFrame,
                    default_system: str | None) -> list[Conversation | None]:
     """Everything the pipeline read per record, its injected default system message included.
 
@@ -207,7 +207,7 @@ def _conversations(records: pl.DataFrame, tools: list[str | None], plan: pl.Data
     return convs
 
 
-def _compare_chunk(records: pl.DataFrame, tools: list[str | None], ctx: Resources, ref: TemplateReference,
+def compare_chunk(records: pl.DataFrame, tools: list[str | None], ctx: Resources, ref: TemplateReference,
                   report: CheckReport) -> None:
     """Run the pipeline on one chunk of records and compare every example with the reference.
 
@@ -215,7 +215,7 @@ def _compare_chunk(records: pl.DataFrame, tools: list[str | None], ctx: Resource
     """
     examples, plan = build_examples(records, ctx)
     ours_by_conv = dict(zip(examples[c.CONV].to_list(), examples[c.INPUT_IDS].to_list(), strict=True))
-    convs = _conversations(records, tools, plan, ctx.config.default_system)
+    convs = conversations_of(records, tools, plan, ctx.config.default_system)
     rows = [(conv, example_id, item) for conv, example_id, item
             in zip(records[c.CONV].to_list(), records[c.ID].to_list(), convs, strict=True) if item is not None]
     if len(rows) < records.height:
@@ -261,7 +261,7 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
             for raw in read_chunks(source, chunk_bytes=config.chunk_bytes):
                 good = good_rows(raw, ctx, query, report, room=None if limit is None else limit - report.examples)
                 if good.num_rows:
-                    _compare_chunk(records_frame(source.name, good), tools_column(good), ctx, ref, report)
+                    compare_chunk(records_frame(source.name, good), tools_column(good), ctx, ref, report)
                 if limit is not None and report.examples >= limit:
                     return report
         except UnreadableFile as exc:  # counted like `etl run` counts it: one reject, and go on

@@ -52,7 +52,7 @@ def run_outcome(manifest: dict[str, Any], dst: str, *, quiet: bool) -> tuple[int
     counts = manifest["counts"]
     empty = bool(counts["read"]) and not counts["written"]
     status, lines = _incomplete(manifest, empty=empty)
-    lines += _header_cut(manifest)
+    lines += _header_cut(manifest) + _special_text(manifest)
     if not empty:
         return status, lines
     if quiet and (hint := _format_hint(manifest, dst)):  # the one line that says how to fix it
@@ -150,6 +150,17 @@ def _header_cut(manifest: dict[str, Any]) -> list[str]:
     return [(f"etl run: warning: {cut:,} of {counts['written']:,} examples written were cut through a turn's "
             f"header to fit --seq-len {manifest['seq_len']:,} (truncation {policy}: the window starts or ends "
             "inside a turn); raise --seq-len, or pass --truncation drop to drop what does not fit")]
+
+
+def _special_text(manifest: dict[str, Any]) -> list[str]:
+    """The warning for examples whose ids differ from the template's rendering for a reason etl knows:
+    a message spells a control token, which etl tokenizes as text (content is data)."""
+    counts = manifest["counts"]
+    if not (n := counts.get("special_text")):
+        return []
+    return [(f"etl run: warning: {n:,} of {counts['written']:,} examples written have messages that spell a "
+             "control token (e.g. <|im_end|>): tokenized as text, so their ids differ from apply_chat_template's, "
+             "which reads it as the token; `etl check-template` shows them")]
 
 
 def _lost(item: dict[str, Any]) -> str:

@@ -32,6 +32,9 @@ class Counts:
     repeated: int | None = None  # a mixture's extra copies of records (rows = written + repeated)
     over_shared: int = 0  # preference pairs written whose prompt + chosen + rejected exceeds S
     header_cut: int = 0  # examples written whose window cuts through a turn's header (a short S)
+    # examples written whose messages spell a control token: tokenized as text, so their ids differ
+    # from apply_chat_template's, which reads the token (etl.pipeline.joins.spells_control)
+    special_text: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)
     # Records read per input file, for the warning that says how much of a damaged file was kept.
@@ -52,6 +55,7 @@ class Counts:
         self.trained_tokens += other.trained_tokens
         self.over_shared += other.over_shared
         self.header_cut += other.header_cut
+        self.special_text += other.special_text
         if other.repeated is not None:
             self.repeated = (self.repeated or 0) + other.repeated
         self.dropped.update(other.dropped)
@@ -68,6 +72,7 @@ class Counts:
             "written": self.written,
             "truncated": self.truncated,
             **({"header_cut": self.header_cut} if self.header_cut else {}),
+            **({"special_text": self.special_text} if self.special_text else {}),
             "dropped": {k: v for k, v in sorted(self.dropped.items()) if v},
             "rejected": {k: v for k, v in sorted(self.rejected.items()) if v},
             "tokens": self.tokens,
@@ -82,7 +87,7 @@ class Counts:
                    trained_tokens=data["trained_tokens"], repeated=data.get("repeated"),
                    dropped=Counter(data["dropped"]), rejected=Counter(data["rejected"]),
                    incomplete=list(data.get("incomplete", [])), over_shared=data.get("over_shared", 0),
-                   header_cut=data.get("header_cut", 0))
+                   header_cut=data.get("header_cut", 0), special_text=data.get("special_text", 0))
 
 
 class Timings(Counter[str]):

@@ -23,6 +23,7 @@ from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_table
 from etl.output.part_writer import PartWriter
 from etl.pipeline.accounting import Counts, Timings, tally
 from etl.pipeline.build import build_examples, records_frame
+from etl.pipeline.joins import control_texts, spells_control
 from etl.pipeline.pairs import write_pairs
 from etl.pipeline.resources import Resources
 from etl.pipeline.truncation import headers_cut
@@ -120,6 +121,7 @@ def process_chunk(source: Source, parsed: pa.Table, state: RunState) -> None:
         source.name, good, domain=domains(good, state.domain), split=splits(draws, cfg.val_fraction)
     )
     examples, plan = build_examples(records, res, timings)
+    spelled = records.filter(spells_control(records, control_texts(res.tokenizer)))[c.CONV]
     dropped = examples.with_columns(
         pl.coalesce(
             pl.col(c.DROP_REASON), pl.when(pl.col(c.NUM_TRAINED) == 0).then(pl.lit(NO_TRAINED))
@@ -129,6 +131,7 @@ def process_chunk(source: Source, parsed: pa.Table, state: RunState) -> None:
     tally(counts.dropped, why.to_arrow())
     with timings.timed("write"):
         kept = dropped.filter(pl.col("why").is_null()) if len(why) else dropped  # a filter copies the ids
+        counts.special_text += int(kept[c.CONV].is_in(spelled.implode()).sum()) if len(spelled) else 0
         _write_examples(kept, plan, counts, state.parts, weights=res.weights)
 
 

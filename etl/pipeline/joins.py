@@ -13,15 +13,19 @@ content ids (a range gather, ~1 ms per 4M ids).
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from etl.columns import CONTENT, REASONING
+from etl.columns import CALLS, CONTENT, REASONING
 from etl.ragged import range_gather
 from etl.tokens.joins import Join
 from etl.tokens.templates import TemplateIds
 from etl.tokens.tokenizer import offsets_to_list_array
+from etl.tokens.tokenizer_json import read_added_tokens
 
 JOIN_KEY = "join_key"  # role table row of the turn, or len(joins) for a content after a think block
 LEAD_TRIM, TRAIL_TRIM = "lead_trim", "trail_trim"  # tokens the straddles take from the header / end
@@ -104,3 +108,30 @@ def split_runs(runs: pa.LargeListArray, key: np.ndarray, ids: TemplateIds
     new = np.zeros(len(keep) + 1, np.int64)
     np.cumsum(keep, out=new[1:])
     return offsets_to_list_array(values[range_gather(starts + k, keep)], new), lead_len - k, trail_len - m
+
+
+def control_texts(tokenizer: object) -> list[str]:
+    """The strings a template may use as control tokens: every added token of a tokenizer.json (special
+    or not: etl encodes all of them as text in content), the registered specials of `bytes`."""
+    path = getattr(tokenizer, "path", None)
+    return list(_added(path)) if path else list(getattr(tokenizer, "_special", {}))
+
+
+@functools.cache
+def _added(path: str) -> tuple[str, ...]:  # once per process: ~1 ms for Qwen2.5's list
+    return tuple(t["content"] for t in read_added_tokens(Path(path).read_text("utf-8")))
+
+
+def spells_control(records: pl.DataFrame, texts: list[str]) -> pl.Series:
+    """Per record, whether a message's text spells a control token (`control_texts`): etl tokenizes
+    it as text, apply_chat_template as the token, so the example's ids differ from the template's
+    on purpose (content is data). One Aho-Corasick pass over the messages' text."""
+    if not texts:
+        return pl.Series(np.zeros(records.height, bool))
+    fields = {f.name for f in records.schema["messages"].inner.fields}  # type: ignore[attr-defined]
+    parts = [pl.element().struct.field(f).cast(pl.String) for f in (CONTENT, REASONING) if f in fields]
+    if CALLS in fields:
+        parts.append(pl.element().struct.field(CALLS).cast(pl.List(pl.String)).list.join(""))
+    text = pl.concat_str(parts, ignore_nulls=True)
+    hit = pl.col("messages").list.eval(text.str.contains_any(texts)).list.any().fill_null(False)
+    return records.select(hit.alias("spells"))["spells"]

@@ -198,6 +198,8 @@ def _settings(res: Resources, sources: list[Source]) -> dict[str, Any]:
             "path": tok.path,
             "sha256": tok.sha256,
             "vocab_size": tok.vocab_size,
+            # how transformers rebuilds its pipeline, which etl encodes with (etl.tokens.hf_pipeline)
+            **({"pipeline": pipeline} if (pipeline := getattr(tok, "pipeline", None)) else {}),
         },
         "template": res.template.to_json(),
         "special_ids": res.template.special_ids,

@@ -95,7 +95,8 @@ def glue_texts(turns: pl.LazyFrame, fmt: ToolIds | None, *, default_system: str 
     glued = (
         pl.when(with_form & (pl.col(ROLE) == "system")).then(pl.concat_str([system_list, pl.col(TOOLS_TEXT)]))
         .when(with_form & (pl.col(ROLE) == "assistant") & (content != "")).then(content + pl.lit(fmt.content_glue))
-        .when(pl.col(ROLE) == "tool").then(content + pl.lit(fmt.result_glue))
+        .when((pl.col(ROLE) == "tool") & ((pl.col(FORM) & RESULT_LAST) > 0)).then(content + pl.lit(fmt.result_glue))
+        .when(pl.col(ROLE) == "tool").then(content + pl.lit(fmt.result_glue_mid))
         .otherwise(content)
     )
     return turns.with_columns(glued.alias(CONTENT))

@@ -22,7 +22,8 @@ from etl.arrow_values import string_offsets
 from etl.errors import EtlError
 from etl.tokens.backend import ENCODER_IN_KEY, ContentBackend
 from etl.tokens.cutting import cut_points, cuttable
-from etl.tokens.gigatoken_encoder import AUTO
+from etl.tokens.gigatoken_encoder import AUTO, GIGATOKEN, HF
+from etl.tokens.hf_pipeline import as_transformers, describe
 from etl.tokens.token_display import TokenDisplay
 from etl.tokens.tokenizer import IDS_TIMING, as_large_string, offsets_to_list_array
 
@@ -89,9 +90,19 @@ class HFTokenizer:
         self.sha256 = hashlib.sha256(self._raw).hexdigest()
         config = file.with_name("tokenizer_config.json")
         self.config: dict[str, Any] = json.loads(config.read_text("utf-8")) if config.is_file() else {}
+        # How transformers rebuilds this class's pipeline (etl.tokens.hf_pipeline), or None.
+        self.pipeline = describe(self.config)
         self.answers: dict[str, Any] = {}
         self.new_answers = False  # answers computed by this process, not remembered
+        if self.pipeline is not None:
+            # gigatoken reads tokenizer.json as written, not transformers' rebuilt pipeline.
+            if backend == GIGATOKEN:
+                raise EtlError(f"tokenizer {path}: --tokenizer-backend gigatoken reads tokenizer.json as written, "
+                               f"but transformers encodes this tokenizer {self.pipeline}; use auto or hf")
+            backend = HF
         self.content = ContentBackend(backend, self._raw, self.name)
+        if self.pipeline is not None:
+            self.content.reason = f"gigatoken reads tokenizer.json as written; transformers encodes it {self.pipeline}"
         if not lazy:
             self._tok  # noqa: B018 - parse now: a broken file fails here, not at the first question
 
@@ -115,7 +126,7 @@ class HFTokenizer:
         # re-added as special, they too are text in content; templates insert them by id
         # (`encode_template_text`). transformers maps them in content; etl does not, on purpose.
         tok.add_special_tokens([_as_special(t) for t in tok.get_added_tokens_decoder().values() if not t.special])
-        return tok
+        return as_transformers(tok, self.config)
 
     def remember(self, answers: dict[str, Any]) -> None:
         """Take answers an earlier run with this same tokenizer file gave (the token cache's)."""
@@ -140,7 +151,8 @@ class HFTokenizer:
         import tokenizers
 
         return json.dumps({"tokenizer_sha256": self.sha256, "tokenizers": tokenizers.__version__,
-                           "content": CONTENT_ENCODING, "encoder": ENCODER_IN_KEY}, sort_keys=True)
+                           "content": CONTENT_ENCODING, "encoder": ENCODER_IN_KEY, **({"pipeline": self.pipeline} if self.pipeline else {})},
+                          sort_keys=True)
 
     def encode_texts(self, texts: pa.Array, *, timings: Counter[str] | None = None) -> pa.LargeListArray:
         """Ids of every text, as if each were encoded whole.

@@ -250,6 +250,7 @@ def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateId
     think = template.reasoning
     think_tokens = [t for t in (think.open, think.close) if t and tokenizer.special_id(t) is not None]
 
+    tools = None if template.tools is None else resolve_tools(template.tools, tokenizer, specials)
     eot = enc(template.eot)
     if len(eot) != 1:
         raise EtlError(f"template {template.name}: end-of-turn {template.eot!r} must be one token, got {eot}")
@@ -270,8 +271,8 @@ def resolve_template(template: Template, tokenizer: TextTokenizer) -> TemplateId
         reasoning_prefix=encode_template_text(tokenizer, think.open, think_tokens),
         reasoning_suffix=(encode_template_text(tokenizer, think.close, think_tokens)
                           + encode_template_text(tokenizer, think.after, think_tokens)),
-        tools=None if template.tools is None else resolve_tools(template.tools, tokenizer, specials),
-        joins=_joins(template, roles, tokenizer),
+        tools=tools,
+        joins=_joins(template, roles, tokenizer, tools),
         reasoning_join=_reasoning_join(think, specials, think_tokens, tokenizer),
     )
 
@@ -288,11 +289,11 @@ def _reasoning_join(think: ReasoningFormat, specials: tuple[str, ...], think_tok
     return join
 
 
-def _joins(template: Template, roles: dict[str, RoleFormat], tokenizer: TextTokenizer) -> tuple[tuple[Join, Join], ...]:
+def _joins(template: Template, roles: dict[str, RoleFormat], tokenizer: TextTokenizer,
+           fmt: ToolIds | None) -> tuple[tuple[Join, Join], ...]:
     """(lead, trail) per role table row: FORMS rows per role, roles sorted (`TemplateIds.role_table`)."""
-    fmt = template.tools
-    control = [*template.special_tokens,
-               *(t for t in (fmt.structure if fmt else ()) if tokenizer.special_id(t) is not None)]
+    structure = template.tools.structure if template.tools else ()
+    control = [*template.special_tokens, *(t for t in structure if tokenizer.special_id(t) is not None)]
     rows = []
     for role in sorted(roles):
         for form in range(FORMS):

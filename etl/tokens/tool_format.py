@@ -88,6 +88,11 @@ class ToolIds:
     result_end: list[int]
     result_last_end: list[int]
     result_sep: list[int]
+    # `result_glue` of a result another follows: with the newlines that open `result_next` when only
+    # text joins the two (Qwen2.5: `</tool_response>` + `\n<tool_response>`: `>\n` is one token)
+    result_glue_mid: str = ""
+    result_first_text: str = ""  # the header strings of a result (for `etl.tokens.joins`)
+    result_next_text: str = ""
 
 
 def _head_tail(text: str, tokens: list[str]) -> tuple[str, str]:
@@ -123,6 +128,12 @@ def resolve_tools(fmt: ToolFormat, tokenizer: TextTokenizer, specials: tuple[str
     last_glue, last_rest = _head_tail(fmt.result_last_end, control)
     if last_glue != result_glue:  # the same content is glued either way; else keep it all as ids
         result_glue, result_rest, last_rest = "", fmt.result_end, fmt.result_last_end
+    # Between two results only text (no structure token): the next one's opening newlines go with the
+    # previous run, so that each run ends after a newline run and the next starts at a mark (`<`).
+    moved = ""
+    if result_glue and not result_rest and not split_on_specials(fmt.result_next, control)[0][1]:
+        moved = fmt.result_next[: len(fmt.result_next) - len(fmt.result_next.lstrip("\r\n"))]
+    result_next = fmt.result_next[len(moved):]
     return ToolIds(
         system_glue=fmt.system_glue, no_system=fmt.no_system, tool_before=fmt.tool_before,
         list_glue=list_glue, list_ids=enc(list_rest),
@@ -131,19 +142,20 @@ def resolve_tools(fmt: ToolFormat, tokenizer: TextTokenizer, specials: tuple[str
         lead_empty_ids=enc(fmt.call_lead_empty),
         call_prefix=enc(open_ids), call_pre=call_pre, call_mid=fmt.call_mid, call_post=call_post,
         call_suffix=enc(close_rest),
-        result_first=enc(fmt.result_first), result_next=enc(fmt.result_next), result_glue=result_glue,
+        result_first=enc(fmt.result_first), result_next=enc(result_next), result_glue=result_glue,
+        result_glue_mid=result_glue + moved, result_first_text=fmt.result_first, result_next_text=result_next,
         result_end=enc(result_rest), result_last_end=enc(last_rest), result_sep=enc(fmt.result_sep),
     )
 
 
-def form_header(fmt: ToolFormat | None, role: str, form: int, plain: str) -> str:
+def form_header(fmt: ToolIds | None, role: str, form: int, plain: str) -> str:
     """The header string of `role` in `form` (`plain`: the role's own)."""
     if fmt is not None and role == "tool" and form < WITH_TOOLS:
-        return fmt.result_first if form & RESULT_FIRST else fmt.result_next
+        return fmt.result_first_text if form & RESULT_FIRST else fmt.result_next_text
     return plain
 
 
-def glued_right(fmt: ToolFormat | None, role: str, form: int) -> bool:
+def glued_right(fmt: ToolIds | None, role: str, form: int) -> bool:
     """Whether the tool stages glue the text after this form's content (`etl.pipeline.tools`)."""
     return fmt is not None and (role == "tool" or form >= WITH_TOOLS)
 

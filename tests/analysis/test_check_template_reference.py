@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from etl import columns as c
-from etl.analysis.check_template import _conversations, check_template
+from etl.analysis.check_template import check_template, conversations_of
 from etl.analysis.reference import (
     JINJA2_PATH,
     Conversation,
@@ -69,7 +69,7 @@ def converted(good: pa.Table, *, injected: tuple[int, ...] = ()) -> list[Convers
     records = records_frame("x.jsonl", good)
     plan = pl.DataFrame({c.CONV: list(range(good.num_rows)),
                          c.INJECTED: [i in injected for i in range(good.num_rows)]}, schema_overrides={c.CONV: pl.UInt32})
-    return _conversations(records, tools_column(good), plan, "Default.")
+    return conversations_of(records, tools_column(good), plan, "Default.")
 
 
 def test_the_reference_gets_reasoning_tool_calls_and_tools() -> None:
