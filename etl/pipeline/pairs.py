@@ -95,7 +95,13 @@ def plan_sides(records: pl.DataFrame, completion_turns: np.ndarray, res: Resourc
     at = offsets[other[c.CONV].to_numpy()] + other[c.START].to_numpy()
     trained[range_gather(at, (other[c.END] - other[c.START]).to_numpy())] = False
     n_turns = np.bincount(turns[c.CONV].to_numpy(), minlength=len(completion_turns)).astype(np.int32)
-    sides = Sides(values, offsets, prompt, trained, n_turns, len(completion_turns) // (2 if paired else 1))
+    n = len(completion_turns) // (2 if paired else 1)
+    if paired:
+        # A completion whose first token merges with the generation header's last (ChatML's "\n" +
+        # content "\n...": `ĊĊ`, etl.pipeline.joins) takes that token: the pair's prompt is the part
+        # both sides share, as TRL's common-prefix cut gives it.
+        prompt = np.tile(np.minimum(prompt[:n], prompt[n:]), 2)
+    sides = Sides(values, offsets, prompt, trained, n_turns, n)
     return sides, turns.filter(pl.col(c.TURN_INDEX) < pl.col("first"))
 
 
