@@ -116,11 +116,17 @@ class Source:
         what the run's identity knows of its content, so that runs over same-named, same-size
         inputs that differ near an end (or anywhere, below 128 KiB) stamp different identities.
         A change in the middle of a larger file is caught by the parts' sha256, not here. None
-        for an object store input (a request each) and a `NOT_READ` entry."""
-        if self.kind == NOT_READ or not isinstance(self.path, Path):
+        for a `NOT_READ` entry; an object store input costs two range requests, so that it stamps
+        the identity a local copy of it does."""
+        if self.kind == NOT_READ:
             return None
         import hashlib  # only `etl run` asks: --help and discovery stay light
 
+        if not isinstance(self.path, Path):
+            from etl.ingest.objects import ends  # pyarrow's filesystems: only for URI inputs
+
+            data = ends(self.path, SAMPLE_BYTES)
+            return None if data is None else hashlib.sha256(data).hexdigest()
         try:
             with open(self.path, "rb") as f:
                 head = f.read(SAMPLE_BYTES)

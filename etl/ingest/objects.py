@@ -122,6 +122,19 @@ def open_stream(path: ObjectPath) -> _CountedStream:
     return _CountedStream(stream)
 
 
+def ends(path: ObjectPath, size: int) -> bytes | None:
+    """The object's first and last `size` bytes (whole when smaller): two range requests
+    (`Source.sample`), None when it cannot be read now (the run reports that when it reads it)."""
+    fs, _ = filesystem(path.root)
+    try:
+        with fs.open_input_file(path.key) as f:
+            head = f.read(size)
+            f.seek(max(path.size - size, len(head)))
+            return head + f.read(size)
+    except OSError:
+        return None
+
+
 def parquet_file(path: ObjectPath) -> pq.ParquetFile:
     """A Parquet file read by ranges (`open_input_file`); `pre_buffer` merges a row group's
     column-chunk reads into a few large requests, as pyarrow advises for high-latency stores."""

@@ -51,7 +51,9 @@ def keep_reasoning(turns: pl.LazyFrame, render: ReasoningRender) -> pl.LazyFrame
     reasoning = pl.col(REASONING).str.strip_chars("\n")
     if render.empty_last and render.keep != "none":
         final = assistant & after_query & (pl.col(TURN_INDEX) == pl.col(TURN_INDEX).max().over(CONV))
-        reasoning = pl.when(final).then(reasoning.fill_null("")).otherwise(reasoning)
+        # Qwen3 writes a block on another turn only for a reasoning that is not "" (`{% if reasoning_content %}`).
+        reasoning = (pl.when(final).then(reasoning.fill_null(""))
+                     .when(pl.col(REASONING) != "").then(reasoning))
     has = assistant & reasoning.is_not_null()
     keep = {"all": has, "last": has & after_query, "none": pl.lit(False)}[render.keep]
     text = pl.concat_str([pl.lit(render.pre), reasoning, pl.lit(render.post)])

@@ -28,7 +28,6 @@ from etl.tokens.chat_jinja import (
     token_string,
 )
 from etl.tokens.hf_probe import (
-    MARKER,
     AddedToken,
     Probe,
     Roles,
@@ -40,6 +39,7 @@ from etl.tokens.hf_probe import (
     whitespace_rules,
 )
 from etl.tokens.hf_reasoning import block_remover, derive_reasoning
+from etl.tokens.hf_strip import content_strips
 from etl.tokens.hf_tools import derive_tool_format
 from etl.tokens.loading import has_chat_template, load_tokenizer
 from etl.tokens.templates import (
@@ -65,6 +65,8 @@ class _HFTemplate(Template):
     """
 
     default_system: str | None = None
+    # role -> (characters stripped from the start, from the end) of its content (etl.tokens.hf_strip)
+    content_strip: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
 
 def template_from_hf(tokenizer_dir_or_config: str | os.PathLike[str] | Config, *,
@@ -95,8 +97,10 @@ def template_from_hf(tokenizer_dir_or_config: str | os.PathLike[str] | Config, *
             probe = dataclasses.replace(probe, strip=block_remover(reasoning))
         roles = derive_roles(probe)
         tools = _tools(probe, roles, added, notes)
-        template = _assemble(roles, probe, added=added, notes=notes + _content_notes(probe, added))
-        return dataclasses.replace(template, reasoning=reasoning or ReasoningFormat(keep="none"), tools=tools)
+        strips = content_strips(probe)
+        template = _assemble(roles, probe, added=added, notes=notes + _content_notes(strips, probe, added))
+        return dataclasses.replace(template, reasoning=reasoning or ReasoningFormat(keep="none"), tools=tools,
+                                   content_strip={r: s for r, s in strips.items() if any(s)})
     except Unsupported as exc:
         raise EtlError(f"template hf: the chat_template of {where} is not expressible as constant "
                        f"per-role header/end strings: {exc}") from exc
@@ -123,13 +127,13 @@ def _tools(probe: Probe, roles: Roles, added: Sequence[AddedToken], notes: list[
     return None
 
 
-def _content_notes(probe: Probe, added: Sequence[AddedToken]) -> list[str]:
-    """Differences etl cannot reproduce (content edited by the template) or reproduces on purpose."""
+def _content_notes(strips: dict[str, tuple[str, str]], probe: Probe, added: Sequence[AddedToken]) -> list[str]:
+    """What the template does to content that etl reproduces (strips, whitespace the tokenizer absorbs)."""
     notes = []
-    pad = " \n"
-    text = probe.text(("system", "user", "assistant"), pad=pad)
-    if f"{pad}{MARKER.format(1)}{pad}" not in text:
-        notes.append("the template changes whitespace around message content (e.g. trim); etl does not")
+    if stripped := sorted(role for role, sides in strips.items() if any(sides)):
+        notes.append(f"the template strips whitespace around {', '.join(stripped)} content (e.g. trim); "
+                     "etl strips the same")
+    text = probe.text(("system", "user", "assistant"), pad=" \n")
     stripped = [t.content for t in added if (t.rstrip or t.lstrip) and t.content in text]
     if stripped:
         notes.append(f"whitespace next to {', '.join(stripped)} dropped: the tokenizer absorbs it "

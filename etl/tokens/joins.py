@@ -10,7 +10,8 @@ Two rules change the content itself, as the whole-text tokenization or the templ
 
 * an added token with `rstrip` (Phi-3's `<|user|>`, `<|end|>`) swallows the whitespace after it,
   the content's leading whitespace too when no lead text stands between (`lstrip`: before it);
-* a template may strip the content (Qwen3: `content.lstrip('\\n')` after a think block).
+* a template may strip the content (Llama 3's `| trim`; Qwen3: `content.lstrip('\\n')` after a think
+  block), found by rendering it (`etl.tokens.hf_strip`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def lead_of(piece: str, control: Sequence[str], tokenizer: TextTokenizer, *, tem
     swallows = bool(token) and _strip_flags(tokenizer, token)[1]
     if swallows:
         text = text.lstrip(WHITESPACE)
-    strip = WHITESPACE if swallows and not text else template_strip
+    strip = _union(WHITESPACE if swallows and not text else "", template_strip)
     if not text:
         return Join(strip=strip)
     ids = tuple(encode_template_text(tokenizer, text, control))
@@ -76,7 +77,7 @@ def lead_of(piece: str, control: Sequence[str], tokenizer: TextTokenizer, *, tem
     return Join(text=text, ids=ids, strip=strip)
 
 
-def trail_of(piece: str, control: Sequence[str], tokenizer: TextTokenizer) -> Join:
+def trail_of(piece: str, control: Sequence[str], tokenizer: TextTokenizer, *, template_strip: str = "") -> Join:
     """The join after a content that template string `piece` (an end) follows."""
     parts = split_on_specials(piece, control)
     text, token = "", ""
@@ -88,7 +89,7 @@ def trail_of(piece: str, control: Sequence[str], tokenizer: TextTokenizer) -> Jo
     swallows = bool(token) and _strip_flags(tokenizer, token)[0]
     if swallows:
         text = text.rstrip(WHITESPACE)
-    strip = WHITESPACE if swallows and not text else ""
+    strip = _union(WHITESPACE if swallows and not text else "", template_strip)
     if not text:
         return Join(strip=strip)
     ids = tuple(encode_template_text(tokenizer, text, control))
@@ -96,6 +97,11 @@ def trail_of(piece: str, control: Sequence[str], tokenizer: TextTokenizer) -> Jo
     if not ids or tuple(whole[: len(ids)]) != ids:
         return Join(strip=strip)
     return Join(text=text, ids=ids, strip=strip)
+
+
+def _union(a: str, b: str) -> str:
+    """Characters of either set (the template strips first, then the tokenizer: one strip of both)."""
+    return "".join(dict.fromkeys(a + b))
 
 
 def joins_json(joins: dict[Any, tuple[Join, Join]]) -> dict[str, Any]:

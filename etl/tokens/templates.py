@@ -294,10 +294,13 @@ def _joins(template: Template, roles: dict[str, RoleFormat], tokenizer: TextToke
     """(lead, trail) per role table row: FORMS rows per role, roles sorted (`TemplateIds.role_table`)."""
     structure = template.tools.structure if template.tools else ()
     control = [*template.special_tokens, *(t for t in structure if tokenizer.special_id(t) is not None)]
+    strips: dict[str, tuple[str, str]] = getattr(template, "content_strip", None) or {}  # `hf`: the template's
     rows = []
     for role in sorted(roles):
+        left, right = strips.get(role, ("", ""))
         for form in range(FORMS):
-            lead = lead_of(form_header(fmt, role, form, roles[role].header), control, tokenizer)
-            trail = NO_JOIN if glued_right(fmt, role, form) else trail_of(roles[role].end, control, tokenizer)
+            lead = lead_of(form_header(fmt, role, form, roles[role].header), control, tokenizer, template_strip=left)
+            trail = (NO_JOIN if glued_right(fmt, role, form)
+                     else trail_of(roles[role].end, control, tokenizer, template_strip=right))
             rows.append((lead, trail))
     return tuple(rows)

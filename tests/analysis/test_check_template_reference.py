@@ -166,7 +166,7 @@ def test_qwen3_renders_the_reasoning_it_is_given() -> None:
 
 @pytest.mark.shared
 @needs_transformers
-def test_phi3_transformers_tokenizes_text_after_a_special_token_unlike_raw_tokenizers(tmp_path: Path) -> None:
+def test_phi3_ids_equal_transformers_after_a_special_token(tmp_path: Path) -> None:
     phi3 = SHARED / "phi3-tokenizer"
     if not phi3.exists():
         pytest.skip(f"needs {phi3}")
@@ -174,8 +174,6 @@ def test_phi3_transformers_tokenizes_text_after_a_special_token_unlike_raw_token
     src.write_text(json.dumps({"messages": [{"role": "user", "content": "What is 2+2?"},
                                             {"role": "assistant", "content": "4."}]}) + "\n")
     report = check_template(str(src), RunConfig(tokenizer=str(phi3), template="hf"))
-    # etl (raw `tokenizers`) writes "▁What" after <|user|>, transformers' LlamaTokenizer "What":
-    # a trainer using transformers gets other ids than etl (shared/data/README.md, phi3-tokenizer).
-    assert report.identical == 0 and report.first_diff is not None
-    row = next(r for r in report.first_diff.rows if r["differs"])
-    assert row["pipeline_piece"] == "▁" + row["reference_piece"]
+    # transformers' LlamaTokenizer writes "What" after <|user|> (no "▁": its Metaspace prepends only at
+    # the start of the text), raw tokenizer.json "▁What"; etl encodes as transformers builds it.
+    assert (report.examples, report.identical) == (1, 1), report.first_diff

@@ -47,7 +47,9 @@ def test_warm_run_never_parses_the_tokenizer(src: Path, tiny_tokenizer_path: Pat
     cache, flags = tmp_path / "cache", run_flags(tiny_tokenizer_path, tmp_path)
     etl_run(src, tmp_path / "cold", *flags, "--cache", str(cache))
     saved = json.loads(answers_file(cache).read_text())["answers"]
-    assert "vocab_size" in saved and f"encode:{SYSTEM_PROMPT}" in saved and "id:<|im_start|>" in saved
+    # the default system prompt is encoded after its header's text (`etl.tokens.joins.join_fixed`)
+    assert "vocab_size" in saved and any(k.startswith("encode:") and k.endswith(SYSTEM_PROMPT) for k in saved)
+    assert "id:<|im_start|>" in saved
     with never_parsed():
         warm = etl_run(src, tmp_path / "warm", *flags, "--cache", str(cache), "--seq-len", "64")
     plain = etl_run(src, tmp_path / "plain", *flags, "--no-cache", "--seq-len", "64")
@@ -65,7 +67,7 @@ def test_a_new_question_parses_the_tokenizer_and_is_kept(src: Path, tiny_tokeniz
     etl_run(src, tmp_path / "first", *flags, "--cache", str(cache))
     other = run_flags(tiny_tokenizer_path, tmp_path, "Think first.")
     etl_run(src, tmp_path / "second", *other, "--cache", str(cache))
-    assert "encode:Think first." in json.loads(answers_file(cache).read_text())["answers"]
+    assert any(k.endswith("\nThink first.") for k in json.loads(answers_file(cache).read_text())["answers"])
     with never_parsed():
         etl_run(src, tmp_path / "third", *other, "--cache", str(cache))
 

@@ -89,7 +89,8 @@ def test_a_link_in_the_cache_turns_it_off_and_clear_refuses(
 
     assert main(["run", str(src), str(tmp_path / "d"), "--quiet", "--cache", str(cache),
                  *run_flags(tiny_tokenizer_path)]) == 0
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    warnings = [line for line in capsys.readouterr().err.splitlines()
+                if "warning" in line and "spell a control token" not in line]  # the fixtures spell <|im_end|>
     assert len(warnings) == 1 and str(link) in warnings[0] and "goes on without it" in warnings[0], warnings
     assert output_digests(tmp_path / "d") == output_digests(base / "plain")
     assert tree_digest(outside) == before

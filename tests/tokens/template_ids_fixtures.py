@@ -10,20 +10,23 @@ from pathlib import Path
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+# Llama 3 / Gemma style: the template trims every content.
+TRIMMED = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n\n' + m['content'] | trim + '<|im_end|>' }}"
+           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n\n' }}{% endif %}")
 PHI_STYLE = ("{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + '<|end|>\\n' }}{% endfor %}"
              "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}")
 CORPUS = ["Hello world, it's a test.\n\nLine two:\n\n\n 123 4567 数据 café\t tab\r\n" * 3,
           "the of and to in is  \n \n" * 5, "Question 1? Answer 1. Hi there.\n",
           # every character the property test writes, so none is unknown to the Metaspace model (which
           # transformers rebuilds without an unk token: it would drop an unknown character)
-          string.printable + " über 日本語 \u3000 \xa0"]
+          string.printable + " über 日本語 \u3000 \xa0 \x1c"]
 
 
 def _config(path: Path, **config: object) -> None:
     (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
 
 
-def byte_level_chatml(path: Path) -> Path:
+def byte_level_chatml(path: Path, template: str = CHATML) -> Path:
     """A GPT-2 style byte-level BPE (its regex keeps "\\n\\n" one pre-token) with ChatML specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -35,7 +38,7 @@ def byte_level_chatml(path: Path) -> Path:
         special_tokens=["<|im_start|>", "<|im_end|>", "<|endoftext|>"]))
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
-    _config(path, chat_template=CHATML, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    _config(path, chat_template=template, eos_token="<|im_end|>", pad_token="<|endoftext|>",
             tokenizer_class="PreTrainedTokenizerFast")
     return path
 

@@ -27,13 +27,13 @@ from etl.pipeline.build import build_examples, records_frame
 from etl.pipeline.resources import build_resources
 from etl.tokens.hf_pipeline import as_transformers
 from etl.tokens.joins import WHITESPACE
-from tests.tokens.template_ids_fixtures import byte_level_chatml, metaspace_phi_style
+from tests.tokens.template_ids_fixtures import TRIMMED, byte_level_chatml, metaspace_phi_style
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 EDGES = ["", " ", "  ", "\n", "\n\n", "\n\n\n", "\t", "\r", "\r\n", " \n", "\n ", " \t\n", "\u3000", "\xa0", "\x0b"]
 WORDS = ["Hi", "Question 1?", "1+1=2", "über", "日本語", "'s", "x\n\ny", "a.\n", "}", "##"]
 # (tokenizer, template): the tokenizer's own template, and the preset written for its family.
-CASES = [("bytelevel", "hf"), ("bytelevel", "chatml"), ("metaspace", "hf"), ("metaspace", "phi3"),
+CASES = [("bytelevel", "hf"), ("bytelevel", "chatml"), ("trimmed", "hf"), ("metaspace", "hf"), ("metaspace", "phi3"),
          ("qwen2.5", "hf"), ("qwen2.5", "chatml"), ("qwen3", "hf"), ("phi3", "hf"), ("phi3", "phi3")]
 TOOLS = {"qwen2.5", "qwen3"}  # templates that render tool calls and results
 
@@ -42,6 +42,8 @@ TOOLS = {"qwen2.5", "qwen3"}  # templates that render tool calls and results
 def tokenizer_dir(name: str, root: str) -> Path:
     if name == "bytelevel":
         return byte_level_chatml(Path(root) / name)
+    if name == "trimmed":
+        return byte_level_chatml(Path(root) / name, TRIMMED)
     if name == "metaspace":
         return metaspace_phi_style(Path(root) / name)
     path = SHARED / f"{name}-tokenizer"
@@ -177,5 +179,20 @@ def check_chunk(frame: Any, tools: list[str | None], ctx: Any, ref: TemplateRefe
         ids = ours.get(conv, [])
         special = any(s in json.dumps(item.messages, ensure_ascii=False) for s in ref.specials)  # tool calls too
         theirs = as_data.ids(item.messages, item.tools) if special else ref.encode([item])[0]
-        assert ids == theirs, (item.messages, special, ref.diff("", ids, theirs))
+        assert ids == theirs, json.dumps(item.messages, ensure_ascii=False)
     return len(items)
+
+
+HOSTILE = Path(__file__).resolve().parents[1] / "assets" / "hostile" / "whitespace.jsonl"
+
+
+@pytest.mark.parametrize("name", ["bytelevel", "trimmed", "metaspace", "qwen2.5", "qwen3", "phi3"])
+def test_check_template_is_exact_on_a_hostile_whitespace_set(name: str, tmp_path_factory: pytest.TempPathFactory
+                                                            ) -> None:
+    """136 conversations whose contents start and end with spaces, newlines, tabs, CR, U+3000, NBSP,
+    VT and U+001C (or are only that): every one identical to apply_chat_template's ids."""
+    from etl.analysis.check_template import check_template
+
+    directory = tokenizer_dir(name, str(tmp_path_factory.getbasetemp() / "template_ids"))
+    report = check_template(str(HOSTILE), RunConfig(tokenizer=str(directory)))
+    assert (report.examples, report.identical) == (136, 136), report.first_diff

@@ -305,6 +305,7 @@ def test_a_tokenizer_gigatoken_cannot_read(tmp_path: Path, monkeypatch: pytest.M
     src = write_jsonl(tmp_path / "chats.jsonl", chats(3))
     flags = ["--tokenizer", str(tmp_path / "tokenizer.json"), "--template", "chatml", "--no-cache", "--quiet"]
     assert etl_run(src, tmp_path / "auto", *flags[:-1])["token_cache"]["backend"] == "hf"
+    capsys.readouterr()
     assert main(["run", str(src), str(tmp_path / "forced"), *flags, "--tokenizer-backend", "gigatoken"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "gigatoken may not encode tokenizer" in err[0] and "WordPiece" in err[0], err
