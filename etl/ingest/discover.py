@@ -111,30 +111,6 @@ class Source:
         """Bytes the engines will read (progress, Ray's blocks, the run's identity): 0 if `NOT_READ`."""
         return 0 if self.kind == NOT_READ else self.path.stat().st_size
 
-    def sample(self) -> str | None:
-        """sha256 of the input's first and last SAMPLE_BYTES (whole when smaller): with its size,
-        what the run's identity knows of its content, so that runs over same-named, same-size
-        inputs that differ near an end (or anywhere, below 128 KiB) stamp different identities.
-        A change in the middle of a larger file is caught by the parts' sha256, not here. None
-        for a `NOT_READ` entry; an object store input costs two range requests, so that it stamps
-        the identity a local copy of it does."""
-        if self.kind == NOT_READ:
-            return None
-        import hashlib  # only `etl run` asks: --help and discovery stay light
-
-        if not isinstance(self.path, Path):
-            from etl.ingest.objects import ends  # pyarrow's filesystems: only for URI inputs
-
-            data = ends(self.path, SAMPLE_BYTES)
-            return None if data is None else hashlib.sha256(data).hexdigest()
-        try:
-            with open(self.path, "rb") as f:
-                head = f.read(SAMPLE_BYTES)
-                f.seek(max(f.seek(0, os.SEEK_END) - SAMPLE_BYTES, len(head)))
-                return hashlib.sha256(head + f.read(SAMPLE_BYTES)).hexdigest()
-        except OSError:  # unreadable: the run counts it when it reads it; the size still says
-            return None
-
     def not_read(self) -> UnreadableFile:
         """The exception a reader raises for a `NOT_READ` source, carrying its reason."""
         if self.reason in (None, UNREADABLE_DIR):

@@ -10,6 +10,7 @@ worker opens the file itself, resolving the filesystem once per process
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Self
 
 from etl.errors import EtlError
-from etl.ingest.discover import ObjectPath, Source, classify, hidden
+from etl.ingest.discover import NOT_READ, SAMPLE_BYTES, ObjectPath, Source, classify, hidden
 from etl.ingest.location import checks, display, failure, filesystem
 
 if TYPE_CHECKING:
@@ -133,6 +134,28 @@ def ends(path: ObjectPath, size: int) -> bytes | None:
             return head + f.read(size)
     except OSError:
         return None
+
+
+def sample(source: Source) -> str | None:
+    """sha256 of the input's first and last SAMPLE_BYTES (whole when smaller): with its size,
+    what the run's identity knows of its content, so that runs over same-named, same-size
+    inputs that differ near an end (or anywhere, below 128 KiB) stamp different identities.
+    A change in the middle of a larger file is caught by the parts' sha256, not here. None
+    for a `NOT_READ` entry or an input that cannot be read now (the run reports it when it reads
+    it); an object store input costs two range requests, so it stamps what a local copy does."""
+    if source.kind == NOT_READ:
+        return None
+    if isinstance(source.path, ObjectPath):
+        data = ends(source.path, SAMPLE_BYTES)
+    else:
+        try:
+            with open(source.path, "rb") as f:
+                head = f.read(SAMPLE_BYTES)
+                f.seek(max(f.seek(0, os.SEEK_END) - SAMPLE_BYTES, len(head)))
+                data = head + f.read(SAMPLE_BYTES)
+        except OSError:
+            data = None
+    return None if data is None else hashlib.sha256(data).hexdigest()
 
 
 def parquet_file(path: ObjectPath) -> pq.ParquetFile:

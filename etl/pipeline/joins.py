@@ -33,7 +33,8 @@ LEAD_TRIM, TRAIL_TRIM = "lead_trim", "trail_trim"  # tokens the straddles take f
 
 def join_list(ids: TemplateIds) -> list[tuple[Join, Join]]:
     """Every (lead, trail) a turn may take, indexed by `JOIN_KEY`: the role table's rows, then the
-    think block's lead (a content after a block keeps its role's trail)."""
+    think block's lead, with no trail (the templates that write think blocks, Qwen3's, end an
+    assistant content with a control token)."""
     return [*ids.joins, (ids.reasoning_join, Join())]
 
 

@@ -21,6 +21,7 @@ from etl.config.run_config import MaskOptions, RunConfig
 from etl.errors import EtlError
 from etl.formats.builders import BUILDERS, BuilderQuery, connect
 from etl.ingest.discover import Source
+from etl.ingest.objects import sample
 from etl.output.parquet import identity_of
 from etl.pipeline.accounting import Counts
 from etl.pipeline.pair_truncation import PAIR_ONLY, pair_policy
@@ -181,7 +182,7 @@ def run_identity(res: Resources, sources: list[Source]) -> str:
     64 KiB reads per input (~0.1 ms each: 1,000 inputs add ~0.1 s).
     """
     return identity_of({**_settings(res, sources), "input_bytes": [s.size() for s in sources],
-                        "input_samples": [s.sample() for s in sources]})
+                        "input_samples": [sample(s) for s in sources]})
 
 
 def _settings(res: Resources, sources: list[Source]) -> dict[str, Any]:
