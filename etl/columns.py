@@ -85,10 +85,7 @@ PACK_STRATEGIES = ("bfd", "ffd", "sequential", "stream")
 # to its builder (a test keeps the two equal). Kept here so `etl run --help` imports no DuckDB.
 INPUT_TYPES = ("chat", "sharegpt", "instruction", "prompt_completion", "text", "transcript", "preference",
                "unpaired")
-# What one `data` row is (the manifest's `kind`): an SFT example, a preference pair (prompt, chosen,
-# rejected), or an unpaired completion with a bool label (KTO). The input type decides it.
-KINDS = ("sft", "preference", "unpaired")
-PAIR_KINDS = {"preference": "preference", "unpaired": "unpaired"}  # input type -> kind (else sft)
+# What one `data` row is (the manifest's `kind`): etl.kinds.KINDS, decided by the input type.
 MANIFEST_KIND = "kind"
 # The side of an example longer than S that a packer or the loader cuts: right keeps its first S
 # tokens, left its last S (`--truncation`, `truncation=`; not the run's turn policies).

@@ -35,6 +35,7 @@ from etl.errors import EtlError
 from etl.ingest.discover import UnreadableFile, discover
 from etl.ingest.preprocess import domains, splits
 from etl.ingest.reader import read_chunks
+from etl.kinds import PREFERENCE
 from etl.pipeline.accounting import Counts, Timings
 from etl.pipeline.pairs import write_pairs
 from etl.pipeline.resources import Resources, build_resources
@@ -51,7 +52,7 @@ class PairCheckReport:
     tokenizer: str
     reference: str
     input_type: str = "preference"
-    kind: str = "preference"
+    kind: str = PREFERENCE
     examples: int = 0
     equal: int = 0
     trl_warns: int = 0

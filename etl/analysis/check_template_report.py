@@ -11,11 +11,12 @@ from typing import Any
 from etl.analysis.run_summary import by_reason
 from etl.analysis.trl_pairs import CONVERSATION, OTHER, REASON_TEXT
 from etl.formats.layout_hint import input_type_hint
+from etl.kinds import KINDS, SFT
 
 
 def render_text(report: dict[str, Any]) -> str:
     """The report as plain text: a table of counts, a verdict, hints, then the first difference."""
-    if report.get("kind") == "preference":
+    if KINDS[report.get("kind") or SFT].pair:
         return _render_pairs(report)
     n = report["examples"]
     rows = [

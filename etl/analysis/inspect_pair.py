@@ -10,24 +10,22 @@ from __future__ import annotations
 from typing import Any
 
 from etl import columns as C
+from etl.kinds import KINDS
 
-# (ids column, mask column, the part's name on its marker line), in layout order.
-PARTS = {
-    "preference": [(C.CHOSEN_IDS, C.CHOSEN_MASK, "chosen"),
-                   (C.REJECTED_IDS, C.REJECTED_MASK, "rejected (follows the prompt, not chosen)")],
-    "unpaired": [(C.COMPLETION_IDS, C.COMPLETION_MASK, "completion")],
-}
+# A part's name on its marker line where it is more than its ids column less `_ids`.
+_MARKERS = {C.REJECTED_IDS: "rejected (follows the prompt, not chosen)"}
 
 
 def as_example(row: dict[str, Any], kind: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The row as `etl inspect` shows an SFT example (`input_ids`, `loss_mask`), and one turn per part."""
     ids, mask = list(row[C.PROMPT_IDS]), [False] * len(row[C.PROMPT_IDS])
     turns = [_part(0, "prompt", 0, len(ids), trained=False)]
-    for ids_col, mask_col, name in PARTS[kind]:
+    for ids_col, mask_col in KINDS[kind].parts[1:]:  # after the prompt
+        name = _MARKERS.get(ids_col, ids_col.removesuffix("_ids"))
         turns.append(_part(len(turns), name, len(ids), len(ids) + len(row[ids_col]), trained=any(row[mask_col])))
         ids += row[ids_col]
         mask += row[mask_col]
-    label = f" (label {'desirable' if row[C.LABEL] else 'undesirable'})" if kind == "unpaired" else ""
+    label = f" (label {'desirable' if row[C.LABEL] else 'undesirable'})" if KINDS[kind].label else ""
     turns[-1][C.ROLE] += label
     return {**row, C.INPUT_IDS: ids, C.LOSS_MASK: mask, C.NUM_TOKENS: len(ids), C.NUM_TURNS: len(turns)}, turns
 

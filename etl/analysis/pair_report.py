@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from etl.analysis.report_plots import COLORS, draw_drops, mark_seq_len, plot_png
+from etl.kinds import KINDS
 
 # Shown as plots only, not as tables under them.
 PLOTTED_ONLY = ("part_length_histogram", "length_difference")
@@ -46,8 +47,9 @@ NOTES = {
 def pair_plots(
     results: dict[str, pa.Table], seq_len: int | None, kind: str
 ) -> list[dict[str, str]]:
-    """The page's plots for a pair kind ("preference" or "unpaired"), from `run_queries` results."""
-    parts = "prompt, chosen and rejected" if kind == "preference" else "prompt and completion"
+    """The page's plots for a pair kind (etl.kinds.KINDS), from `run_queries` results."""
+    names = [ids.removesuffix("_ids") for ids, _ in KINDS[kind].parts]
+    parts = f"{', '.join(names[:-1])} and {names[-1]}"
     figures = [
         plot_png(
             f"Lengths of {parts}",
@@ -57,7 +59,7 @@ def pair_plots(
             seq_len,
         )
     ]
-    if kind == "preference":
+    if KINDS[kind].paired:
         figures += [
             plot_png(
                 "Chosen minus rejected length",
@@ -81,7 +83,7 @@ def pair_plots(
         )
     figures.append(
         plot_png(
-            "Where pairs went" if kind == "preference" else "Where rows went",
+            f"Where {KINDS[kind].card.rows} went",
             "Manifest counts: written, truncated, dropped (e.g. pair_too_long) and rejected.",
             draw_drops,
             results["drops"],
@@ -204,7 +206,7 @@ def pair_facts(manifest: dict[str, Any], kind: str) -> list[tuple[str, Any]]:
     """The page's extra facts for a pair kind: the kind, truncation policy and pair fit."""
     preference = manifest.get("preference") or {}
     facts = [("kind", kind), ("truncation", (manifest.get("config") or {}).get("truncation"))]
-    if kind == "preference":
+    if KINDS[kind].paired:
         facts += [
             ("pair fit", preference.get("fit")),
             ("over shared seq_len", preference.get("over_shared_seq_len")),

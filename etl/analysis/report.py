@@ -14,10 +14,11 @@ from typing import Any
 import pyarrow as pa
 
 from etl.analysis import pair_report
-from etl.analysis.pair_stats import SFT, output_kind
+from etl.analysis.pair_stats import output_kind
 from etl.analysis.report_plots import matplotlib_figure, plots
 from etl.analysis.stats import QUERY_ORDER, default_bin_width, query_names, run_queries, run_query
 from etl.errors import EtlError
+from etl.kinds import KINDS
 from etl.output.manifest import read_manifest
 
 # Tables shown under the plots, in `etl stats` order; the histogram and turns-per-example
@@ -97,7 +98,7 @@ def build_report(dst: str | os.PathLike[str], *, title: str | None = None) -> st
     kind = output_kind(manifest)
     results = run_queries(dst, bin_width=histogram_bin_width(dst))
     facts = _facts(dst, manifest)
-    if kind == SFT:
+    if not KINDS[kind].pair:
         figures, tables, notes = plots(results, manifest.get("seq_len")), TABLES, NOTES
     else:  # a preference or unpaired output: its own plots, tables and facts
         figures = pair_report.pair_plots(results, manifest.get("seq_len"), kind)
@@ -120,7 +121,7 @@ def histogram_bin_width(dst: str | os.PathLike[str]) -> int:
     first bin or two; ~`etl.analysis.stats.HISTOGRAM_BINS` bins over the data's own range show its shape.
     A preference or unpaired output: over its longest prompt or completion (the parts drawn).
     """
-    if output_kind(read_manifest(dst)) == SFT:
+    if not KINDS[output_kind(read_manifest(dst))].pair:
         longest = [v for v in run_query(dst, "lengths").column("max").to_pylist() if v is not None]
     else:
         rows = run_query(dst, "part_lengths").to_pylist()

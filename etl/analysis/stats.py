@@ -21,8 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl import columns as C
-from etl.analysis.pair_stats import SFT, output_kind, pair_query_names, query_file
+from etl.analysis.pair_stats import output_kind, query_file
 from etl.errors import EtlError
+from etl.kinds import KINDS, SFT
 from etl.output.manifest import read_manifest
 from etl.output.parquet import DATA_SCHEMA, KIND_SCHEMAS, REJECTS_SCHEMA, TURNS_SCHEMA
 from etl.output.parts import listed_parts, listed_splits
@@ -68,8 +69,8 @@ def query_names(kind: str = SFT) -> list[str]:
             f"query folder {SQL_DIR} not found: install etl editable from its repository "
             "(pip install -e .) or set ETL_SQL_DIR to the repository's sql/ folder"
         )
-    if kind != SFT:
-        return pair_query_names(kind)
+    if queries := KINDS[kind].queries:
+        return list(queries)
     found = {p.stem for p in SQL_DIR.glob("*.sql")}
     known = [n for n in QUERY_ORDER if n in found]
     return known + sorted(found - set(known))
@@ -83,9 +84,9 @@ def load_query(name: str, kind: str = SFT) -> str:
     """
     names = query_names(kind)
     if name not in names:
-        of = "" if kind == SFT else f" for a {kind} output"
+        of = f" for a {kind} output" if KINDS[kind].pair else ""
         raise EtlError(f"unknown query {name!r}{of}: choose one of {', '.join(names)}")
-    return (SQL_DIR / (f"{name}.sql" if kind == SFT else query_file(name))).read_text(encoding="utf-8")
+    return (SQL_DIR / query_file(name, kind)).read_text(encoding="utf-8")
 
 
 def _query_parameters(sql: str) -> set[str]:
@@ -204,6 +205,6 @@ def _execute(con: Any, name: str, sql: str, values: dict[str, Any]) -> pa.Table:
 
 def _empty_parquet(folder: Path, group: str, kind: str = SFT) -> str:
     path = folder / f"empty-{group}.parquet"
-    schema = KIND_SCHEMAS[kind] if group == "data" and kind != SFT else _EMPTY_SCHEMAS[group]
+    schema = KIND_SCHEMAS[kind] if group == "data" else _EMPTY_SCHEMAS[group]
     pq.write_table(schema.empty_table(), path)
     return str(path)

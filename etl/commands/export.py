@@ -123,10 +123,10 @@ def _refuse_pairs(dst: Path) -> None:
     """Every format is an SFT token stream (input_ids + loss_mask): refuse pairs before OUT is touched."""
     # pyarrow: only when run, not for --help
     from etl.columns import MANIFEST_KIND
+    from etl.kinds import KINDS, SFT
     from etl.output.manifest import read_manifest
 
-    kind = read_manifest(dst).get(MANIFEST_KIND, "sft")
-    if kind != "sft":
-        rows = "preference pairs (prompt, chosen, rejected)" if kind == "preference" else f"{kind} rows"
-        raise EtlError(f"{dst} holds {rows}, and export writes SFT token streams (input_ids + loss_mask) only; train on the Parquet "
+    kind = KINDS[read_manifest(dst).get(MANIFEST_KIND, SFT)]
+    if kind.pair:
+        raise EtlError(f"{dst} holds {kind.rows}, and export writes SFT token streams (input_ids + loss_mask) only; train on the Parquet "
                        "itself: ParquetLoader(DST), or datasets.load_dataset(DST) for TRL")

@@ -8,6 +8,7 @@ import sys
 
 from etl.columns import MANIFEST_KIND
 from etl.errors import EtlError
+from etl.kinds import KINDS, SFT
 from etl.output.manifest import read_manifest
 from etl.ui.console import console as Console
 
@@ -76,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.dst)
     plain = args.plain or not (args.color or sys.stdout.isatty())
     special = {int(i) for i in (manifest.get("special_ids") or {}).values()}
-    if args.pack is not None and (kind := manifest.get(MANIFEST_KIND, "sft")) != "sft":
+    kind = manifest.get(MANIFEST_KIND, SFT)
+    if args.pack is not None and KINDS[kind].pair:
         # A pair pack lays out prompt, chosen and rejected with positions and attention of its own:
         # the loader builds those (etl.loader.pairs_pack), and --pack renders SFT rows only.
         raise EtlError(f"--pack shows packed SFT rows, and {args.dst} holds {kind} rows; `etl inspect "
@@ -93,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         return _print_rich(render_pack_rich(pack, strings, special_ids=special), color=args.color)
     example = read_example(args.dst, split=args.split, row=args.row, example_id=args.example_id)
-    kind = manifest.get(MANIFEST_KIND, "sft")
-    if kind == "sft":
+    if not KINDS[kind].pair:
         turns = read_turns(args.dst, split=args.split, example_id=example["id"])
     else:  # a pair or an unpaired completion: its parts as turns of one example
         from etl.analysis.inspect_pair import as_example

@@ -96,7 +96,8 @@ def _kind(dst: str) -> str:
     """The output's kind for `--query list`; "sft" where DST is no readable output (the list
     needs no data)."""
     # pyarrow (via etl.output): only when run, not for --help
-    from etl.analysis.pair_stats import SFT, output_kind
+    from etl.analysis.pair_stats import output_kind
+    from etl.kinds import SFT
     from etl.output.manifest import read_manifest
 
     try:

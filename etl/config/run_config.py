@@ -11,7 +11,6 @@ from typing import Any
 
 from pydantic import Field
 
-from etl.columns import PAIR_KINDS
 from etl.config.declare import Section, Settings, key, setting
 from etl.config.file import (
     ConfigFile,
@@ -26,6 +25,7 @@ from etl.config.file import (
     TurnPolicy,
 )
 from etl.errors import EtlError
+from etl.kinds import kind_of
 
 # 16 MiB of JSON per chunk (~3M Qwen tokens): T0 with Qwen2.5 peaks at ~0.9 GB RSS and runs
 # as fast as with 32 MiB (1.15 GB); 8 MiB saves another 0.2 GB for ~1% of speed.
@@ -116,7 +116,7 @@ class RunConfig(Settings):
         """What one `data` row is (the manifest's `kind`): `sft`, `preference` or `unpaired`, from
         the input type, or every mixture source's: they must agree (one row schema per output)."""
         configs = [s.config for s in self.mixture.sources] if self.mixture is not None else [self]
-        kinds = sorted({PAIR_KINDS.get(cfg.input_type, "sft") for cfg in configs})
+        kinds = sorted({kind_of(cfg.input_type).name for cfg in configs})
         if len(kinds) > 1:
             raise EtlError(f"a mixture's sources give {' and '.join(kinds)} rows; one output holds one kind: "
                            "mix preference sources with preference sources only (separate runs otherwise)")

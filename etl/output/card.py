@@ -14,6 +14,7 @@ from typing import Any
 
 from etl import columns as c
 from etl.errors import EtlWarning
+from etl.kinds import KINDS
 from etl.output.ownership import tmp_of
 from etl.output.parquet import KIND_SCHEMAS, TURNS_SCHEMA, data_schema
 from etl.output.writer import OutputWriter
@@ -69,26 +70,10 @@ def _template_text(manifest: dict[str, Any]) -> str:
     return f"{text}, default system prompt {given}"
 
 
-# What a row is, how TRL takes it, and its columns: per output kind (the manifest's `kind`).
-_KIND_TEXT = {
-    "sft": ("SFT examples", "examples", [
-        "`ds[\"train\"]` goes to TRL's `SFTTrainer` as is: TRL builds the labels from `assistant_masks`",
-        "(a copy of `loss_mask`), so exactly the tokens etl marks are trained. Pass",
-        "`SFTConfig(max_length={seq_len})`: TRL's default of 1024 would cut longer examples."]),
-    "preference": ("preference pairs", "pairs", [
-        "Rows carry TRL's `prompt_ids`, `chosen_ids`, `rejected_ids` (`prompt_ids + chosen_ids` is the",
-        "whole chosen conversation as the template renders it): TRL's `DataCollatorForPreference` batches",
-        "them as they are. etl's loader also packs them with the prompt shared (docs/preference.md)."]),
-    "unpaired": ("unpaired completions (KTO)", "rows", [
-        "Rows carry TRL's `prompt_ids`, `completion_ids` and a bool `label` (desirable or not)."]),
-}
-
-
 def _columns(kind: str, weights: bool) -> list[str]:
-    if kind != "sft":
-        masks = "`chosen_mask` / `rejected_mask`" if kind == "preference" else "`completion_mask`"
-        return [(f"- `data/<split>/`: {', '.join(KIND_SCHEMAS[kind].names)}. {masks} is false on a completion token"
-                 " that is not trained (a tool result inside a multi-turn completion).")]
+    if KINDS[kind].pair:
+        return [(f"- `data/<split>/`: {', '.join(KIND_SCHEMAS[kind].names)}. {KINDS[kind].card.masks} is false on a "
+                 "completion token that is not trained (a tool result inside a multi-turn completion).")]
     return [(f"- `data/<split>/`: {', '.join(data_schema(weights=weights).names)}. `loss_mask[i]`"
              " (and `assistant_masks[i]`) is true where `input_ids[i]` is a training target."),
             (f"- `turns/<split>/`: {', '.join(TURNS_SCHEMA.names)}; start and end are token offsets in"
@@ -99,10 +84,10 @@ def card_text(files: list[dict[str, Any]], manifest: dict[str, Any], *, weights:
     """The card's text, from the run's file entries and manifest only (no time, no DST path)."""
     tok, counts, seq_len = manifest["tokenizer"], manifest["counts"], manifest["seq_len"]
     kind = manifest.get(c.MANIFEST_KIND, "sft")
-    what, rows, use = _KIND_TEXT[kind]
+    what, rows, use, _ = KINDS[kind].card
     sha = f", sha256 {tok['sha256'][:12]}" if tok.get("sha256") else ""
     lost = sum(counts["dropped"].values()) + sum(counts["rejected"].values())
-    turns = ['turns = load_dataset("path/to/this/folder", "turns")  # one row per turn'] if kind == "sft" else []
+    turns = [] if KINDS[kind].pair else ['turns = load_dataset("path/to/this/folder", "turns")  # one row per turn']
     return "\n".join([
         *_front_matter(files, kind),
         "",

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl import columns as c
+from etl.kinds import PREFERENCE, SFT, UNPAIRED
 from etl.output.ownership import tmp_of
 
 # 1,024 examples per row group: at chat-typical ~500 tokens that is ~2.5 MB of ids+mask, read
@@ -67,7 +68,8 @@ UNPAIRED_SCHEMA = pa.schema(_COMMON + [
     (c.PROMPT_IDS, _IDS), (c.COMPLETION_IDS, _IDS), (c.COMPLETION_MASK, _MASK), (c.NUM_PROMPT_TOKENS, pa.int32()),
     (c.NUM_COMPLETION_TOKENS, pa.int32()), (c.NUM_TOKENS, pa.int32()), (c.NUM_TRAINED, pa.int32()),
     (c.LABEL, pa.bool_())] + _TAIL)
-KIND_SCHEMAS = {"preference": PAIR_SCHEMA, "unpaired": UNPAIRED_SCHEMA}
+# The `data` schema of each kind (etl.kinds.KINDS); SFT with loss weights: data_schema(weights=True).
+KIND_SCHEMAS = {SFT: DATA_SCHEMA, PREFERENCE: PAIR_SCHEMA, UNPAIRED: UNPAIRED_SCHEMA}
 
 
 def data_schema(*, weights: bool) -> pa.Schema:

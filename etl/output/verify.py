@@ -24,11 +24,10 @@ import pyarrow.parquet as pq
 
 from etl import columns as c
 from etl.errors import EtlError, EtlWarning
+from etl.kinds import KINDS
 
 RERUN = "rerun `etl run` to rewrite the output"
 # The columns a row of each manifest kind must have, and those holding token ids.
-KIND_COLUMNS = {"sft": (c.INPUT_IDS, c.LOSS_MASK), "preference": (c.PROMPT_IDS, c.CHOSEN_IDS, c.REJECTED_IDS),
-                "unpaired": (c.PROMPT_IDS, c.COMPLETION_IDS)}
 ID_COLUMNS = frozenset({c.INPUT_IDS, c.PROMPT_IDS, c.CHOSEN_IDS, c.REJECTED_IDS, c.COMPLETION_IDS})
 
 
@@ -99,8 +98,8 @@ def _check_facts(m: dict[str, Any], path: Path) -> None:
     seq_len, kind = m.get("seq_len"), m.get(c.MANIFEST_KIND, "sft")
     if seq_len is not None and (type(seq_len) is not int or seq_len < c.MIN_SEQ_LEN):
         _refuse(path, f"seq_len {seq_len!r} {c.SEQ_LEN_RULE}")
-    if kind not in c.KINDS:
-        _refuse(path, f"kind {kind!r} is none of {', '.join(c.KINDS)}")
+    if kind not in KINDS:
+        _refuse(path, f"kind {kind!r} is none of {', '.join(KINDS)}")
     template, eot, pad = m.get("template"), m.get("eot_id"), m.get("pad_id")
     if isinstance(template, dict):
         specials = m.get("special_ids") if isinstance(m.get("special_ids"), dict) else {}
@@ -137,7 +136,7 @@ def check_rows(manifest: dict[str, Any], part: Path, meta: pq.FileMetaData, reco
     """
     kind = manifest.get(c.MANIFEST_KIND) or "sft"
     names = set(meta.schema.to_arrow_schema().names)
-    if missing := [n for n in KIND_COLUMNS[kind] if n not in names]:
+    if missing := [n for n in KINDS[kind].columns if n not in names]:
         _refuse(record, f"kind {kind!r}, but {part} lacks {', '.join(missing)}")
     seq_len = manifest.get("seq_len")
     if isinstance(seq_len, int) and (longest := _longest(manifest, kind, part, meta)) > seq_len:
@@ -151,7 +150,7 @@ def check_rows(manifest: dict[str, Any], part: Path, meta: pq.FileMetaData, reco
 def _longest(manifest: dict[str, Any], kind: str, part: Path, meta: pq.FileMetaData) -> int:
     """The longest row as S measures it: an SFT row's num_tokens (footer max), a pair's
     prompt + max(chosen, rejected) (`shared` fit: prompt + chosen + rejected, its num_tokens)."""
-    if kind == "sft":
+    if not (sides := KINDS[kind].sides):
         maxima = _column_maxima(meta, c.NUM_TOKENS)
         if maxima is not None:
             return max(maxima, default=0)
@@ -159,8 +158,8 @@ def _longest(manifest: dict[str, Any], kind: str, part: Path, meta: pq.FileMetaD
             return int(pc.max(pq.read_table(part, columns=[c.NUM_TOKENS])[0]).as_py() or 0)
         return int(pc.max(pc.list_value_length(pq.read_table(part, columns=[c.INPUT_IDS])[0])).as_py() or 0)
     fit = (manifest.get("preference") or {}).get("fit", "separate")
-    sides = ([c.NUM_CHOSEN_TOKENS, c.NUM_REJECTED_TOKENS] if kind == "preference" and fit != "shared"
-             else [c.NUM_TOKENS] if kind == "preference" else [c.NUM_COMPLETION_TOKENS])
+    if KINDS[kind].paired and fit == "shared":  # prompt + chosen + rejected
+        sides = (c.NUM_TOKENS,)
     table = pq.read_table(part, columns=[c.NUM_PROMPT_TOKENS, *sides])
     cols = [np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64) for col in table.columns]
     rows = cols[1] if len(sides) == 1 and sides[0] == c.NUM_TOKENS else cols[0] + np.max(cols[1:], axis=0)

@@ -39,7 +39,7 @@ def records_frame(
     )
 
 
-def _conversation_summary(plan: pl.DataFrame, seq_len: int, bos_eos: int) -> pl.DataFrame:
+def _conversation_summary(plan: pl.DataFrame, seq_len: int | None, bos_eos: int) -> pl.DataFrame:
     # Only the columns it reads: a group_by rechunks its frame, list columns of ids included.
     return (
         plan.select(c.CONV, c.KEPT, c.TURN_LEN, c.DROP_REASON)
@@ -47,7 +47,8 @@ def _conversation_summary(plan: pl.DataFrame, seq_len: int, bos_eos: int) -> pl.
         .agg(
             pl.len().cast(pl.Int32).alias(c.NUM_TURNS),
             (~pl.col(c.KEPT)).sum().cast(pl.Int32).alias(c.NUM_TURNS_DROPPED),
-            ((pl.col(c.TURN_LEN).sum() + bos_eos) > seq_len).alias(c.TRUNCATED),
+            (((pl.col(c.TURN_LEN).sum() + bos_eos) > seq_len) if seq_len is not None else pl.lit(False))
+            .alias(c.TRUNCATED),
             pl.col(c.DROP_REASON).first(),
         )
     )
@@ -72,9 +73,9 @@ def _token_lists(records: pl.DataFrame, built: Assembled) -> list[pl.Series]:
 
 
 def _examples(
-    records: pl.DataFrame, plan: pl.DataFrame, built: Assembled, res: Resources
+    records: pl.DataFrame, plan: pl.DataFrame, built: Assembled, res: Resources, *, truncate: bool
 ) -> pl.DataFrame:
-    seq_len = res.config.seq_len
+    seq_len = res.config.seq_len if truncate else None
     bos_eos = len(res.bos) + len(res.eos)
     counts = pl.DataFrame({
         c.CONV: built.conv,
@@ -100,9 +101,12 @@ def _examples(
 
 
 def build_examples(
-    records: pl.DataFrame, res: Resources, timings: Timings | None = None
+    records: pl.DataFrame, res: Resources, timings: Timings | None = None, *, truncate: bool = True
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Examples (one row per conversation, all columns of `data`) and the per-turn plan.
+
+    `truncate`: fit each conversation into S by the run's policy; False keeps every turn (a
+    preference pair's sides: the pair stage fits the pair afterwards).
 
     Conversations with no trained token are still in the result (num_trained == 0); the
     caller drops them with a reason. `timings` gets the stages' wall seconds, the tokenizer's
@@ -124,7 +128,7 @@ def build_examples(
             system_ids=res.system_ids,
             system_text=cfg.default_system,
             mask=res.mask,
-            seq_len=cfg.seq_len,
+            seq_len=cfg.seq_len if truncate else None,
             bos_len=len(res.bos),
             eos_len=len(res.eos),
             truncation=cfg.truncation,
@@ -137,4 +141,4 @@ def build_examples(
         # (the caller joins and writes it as `turns`, which would copy them again).
         plan = plan.drop(c.HEADER_IDS, c.REASONING_IDS, c.CONTENT_IDS, c.CALLS_IDS, c.END_IDS, c.SEP_IDS, c.REASONING,
                          c.CALLS, c.TOOLS_TEXT)
-        return _examples(records, plan, built, res), plan
+        return _examples(records, plan, built, res, truncate=truncate), plan

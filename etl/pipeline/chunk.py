@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from etl import columns as c
 from etl.ingest.discover import READ_ELSEWHERE, Source, UnreadableFile
 from etl.ingest.preprocess import Deduplicator, domains, record_keys, splits
+from etl.kinds import PREFERENCE, SFT, UNPAIRED, kind_of
 from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_table
 from etl.output.part_writer import PartWriter
 from etl.pipeline.accounting import Counts, Timings, tally
@@ -110,16 +111,22 @@ def process_chunk(source: Source, parsed: pa.Table, state: RunState) -> None:
             good, draws = good.filter(pa.array(fresh)), draws[fresh]
             if good.num_rows == 0:
                 return
-    if cfg.input_type in c.PAIR_KINDS:
-        with timings.timed("pairs"):
-            bad = write_pairs(source.name, good, domains(good, state.domain), splits(draws, cfg.val_fraction),
-                              res=res, counts=counts, parts=state.parts, timings=timings)
-        if bad is not None:
-            state.parts.write(c.REJECTS_DIR, _rejects_table(source, bad))
-        return
-    records = records_frame(
-        source.name, good, domain=domains(good, state.domain), split=splits(draws, cfg.val_fraction)
-    )
+    CHUNK_WRITERS[kind_of(cfg.input_type).name](source, good, splits(draws, cfg.val_fraction), state)
+
+
+def _write_pair_chunk(source: Source, good: pa.Table, split: pa.Array, state: RunState) -> None:
+    """Plan, fit and write one chunk's pairs (or unpaired completions) and their rejects."""
+    with state.timings.timed("pairs"):
+        bad = write_pairs(source.name, good, domains(good, state.domain), split, res=state.res,
+                          counts=state.counts, parts=state.parts, timings=state.timings)
+    if bad is not None:
+        state.parts.write(c.REJECTS_DIR, _rejects_table(source, bad))
+
+
+def _write_sft_chunk(source: Source, good: pa.Table, split: pa.Array, state: RunState) -> None:
+    """Plan and assemble one chunk's examples; write them and their turns, count the drops."""
+    res, counts, timings = state.res, state.counts, state.timings
+    records = records_frame(source.name, good, domain=domains(good, state.domain), split=split)
     examples, plan = build_examples(records, res, timings)
     spelled = records.filter(spells_control(records, control_texts(res.tokenizer)))[c.CONV]
     dropped = examples.with_columns(
@@ -133,6 +140,10 @@ def process_chunk(source: Source, parsed: pa.Table, state: RunState) -> None:
         kept = dropped.filter(pl.col("why").is_null()) if len(why) else dropped  # a filter copies the ids
         counts.special_text += int(kept[c.CONV].is_in(spelled.implode()).sum()) if len(spelled) else 0
         _write_examples(kept, plan, counts, state.parts, weights=res.weights)
+
+
+# The chunk writer of each kind of row (etl.kinds.KINDS).
+CHUNK_WRITERS = {SFT: _write_sft_chunk, PREFERENCE: _write_pair_chunk, UNPAIRED: _write_pair_chunk}
 
 
 def _write_examples(

@@ -12,7 +12,7 @@ gives a text repeated across the sides its ids once. The pair is then fitted int
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from etl import columns as c
 from etl.arrow_values import from_numpy, list_lengths
+from etl.kinds import PREFERENCE, UNPAIRED, kind_of
 from etl.output.parquet import KIND_SCHEMAS
 from etl.output.part_writer import PartWriter
 from etl.pipeline.accounting import Counts, Timings
@@ -29,7 +30,6 @@ from etl.pipeline.pair_truncation import TOO_LONG, PairCut, PairLengths, PromptU
 from etl.pipeline.resources import Resources
 from etl.ragged import range_gather
 
-UNBOUNDED = 2**31 - 1  # the sides' plan keeps every turn: the pair is fitted into S afterwards
 PROMPT_DIFFERS = "prompt_renders_differently"
 PROMPT_DIFFERS_DETAIL = ("the chosen and rejected conversations render their shared prompt as different ids; the "
                          "template renders an earlier turn by what follows it")
@@ -65,17 +65,14 @@ def side_records(source_name: str, good: pa.Table, domain: pa.Array, split: pa.A
     return records_frame(source_name, table, domain=domain, split=split)
 
 
-def _untruncated(res: Resources) -> Resources:
-    return replace(res, config=res.config.replace(seq_len=UNBOUNDED, truncation="drop_oldest_turns"))
-
-
 def plan_sides(records: pl.DataFrame, completion_turns: np.ndarray, res: Resources, timings: Timings, *,
                paired: bool) -> tuple[Sides, pl.DataFrame]:
     """Every conversation through the SFT plan; where each one's prompt ends; its prompt turns.
 
     `completion_turns`: per conversation, how many of its last turns are the completion.
     """
-    examples, plan = build_examples(records, _untruncated(res), timings)
+    # Every turn kept: the pair is fitted into S afterwards (fit_pairs).
+    examples, plan = build_examples(records, res, timings, truncate=False)
     ids = examples[c.INPUT_IDS].to_arrow()
     ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
     offsets = np.concatenate(([0], np.cumsum(list_lengths(ids))))
@@ -190,7 +187,7 @@ def pair_table(records: pl.DataFrame, good: pa.Table, sides: Sides, lengths: Pai
     truncated = pa.array(lengths.fit(fit)[rows] > seq_len)
     columns = {name: head.column(name) for name in head.column_names} | tokens | given | {
         name: from_numpy(np.ascontiguousarray(v, np.int32)) for name, v in numbers.items()} | {c.TRUNCATED: truncated}
-    schema = KIND_SCHEMAS["preference" if paired else "unpaired"]
+    schema = KIND_SCHEMAS[PREFERENCE if paired else UNPAIRED]
     return pa.table([columns[f.name] for f in schema], schema=schema)
 
 
@@ -210,7 +207,7 @@ def write_pairs(source_name: str, good: pa.Table, domain: pa.Array, split: pa.Ar
                 counts: Counts, parts: PartWriter, timings: Timings) -> pa.Table | None:
     """Plan, check, fit and write one chunk's good pairs (or unpaired completions); update the
     counts. Returns the rejects it found (for the caller to write with the file's name), or None."""
-    paired = res.config.input_type == "preference"
+    paired = kind_of(res.config.input_type).paired
     k = good.column("completion_turns").to_numpy()
     if paired:
         k = np.concatenate([k, good.column("rejected_turns").to_numpy()])

@@ -22,6 +22,7 @@ from etl.errors import EtlError
 from etl.formats.builders import BUILDERS, BuilderQuery, connect
 from etl.ingest.discover import Source
 from etl.ingest.objects import sample
+from etl.kinds import KINDS, PAIR_INPUT_TYPES, kind_of
 from etl.output.parquet import identity_of
 from etl.pipeline.accounting import Counts
 from etl.pipeline.pair_truncation import PAIR_ONLY, pair_policy
@@ -95,11 +96,11 @@ def _check_input_type(config: RunConfig) -> None:
         raise EtlError(
             f"input type {config.input_type!r} is not one of {', '.join(sorted(BUILDERS))}"
         )
-    if config.input_type in c.PAIR_KINDS:
+    if kind_of(config.input_type).pair:
         pair_policy(config.truncation)  # an SFT-only policy stops the run here, saying which apply
     elif config.truncation in PAIR_ONLY:
         raise EtlError(f"truncation {config.truncation!r} applies to preference data (input types "
-                       f"{', '.join(c.PAIR_KINDS)}); for conversations use drop_oldest_turns, keep_prefix, right "
+                       f"{', '.join(PAIR_INPUT_TYPES)}); for conversations use drop_oldest_turns, keep_prefix, right "
                        "or drop")
 
 
@@ -221,7 +222,7 @@ def manifest_for(res: Resources, sources: list[Source], counts: Counts, *, run_i
         "counts": counts.to_json(),
         c.MANIFEST_KIND: (kind := res.config.kind),
         **({"preference": {"fit": res.config.pair_fit, "over_shared_seq_len": counts.over_shared}}
-           if kind == "preference" else {}),
+           if KINDS[kind].paired else {}),
         "incomplete_inputs": counts.incomplete,
         # Where the run's ids came from (the cache, or the tokenizer backend that encoded the rest:
         # the same ids either way): the one entry that differs between a run and its rerun.

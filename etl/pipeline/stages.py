@@ -304,7 +304,7 @@ def plan_turns(
     system_ids: list[int] | None,
     system_text: str | None = None,
     mask: MaskOptions,
-    seq_len: int,
+    seq_len: int | None,
     bos_len: int,
     eos_len: int,
     truncation: str = "drop_oldest_turns",
@@ -312,7 +312,8 @@ def plan_turns(
     """All per-turn stages in order: explode, default system, tokenize, template, mask, truncate.
 
     `tools` is the template's tool format (None: calls and tools stay the builder's JSON text);
-    `system_text` the default system text whose ids are `system_ids`.
+    `system_text` the default system text whose ids are `system_ids`; `seq_len` None: no
+    truncation (every turn kept whole).
     """
     if tools is not None and TOOLS in records.collect_schema():
         records = records.with_columns(

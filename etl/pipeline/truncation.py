@@ -174,6 +174,11 @@ def drop(*, seq_len: int, fixed: int) -> Rule:
     )
 
 
+def _whole(*, seq_len: int | None, fixed: int) -> Rule:
+    """No truncation: every turn whole, nothing dropped, the window the whole conversation."""
+    return Rule(keep_whole=pl.lit(True), drop_reason=_no_reason(), stop=pl.col(TOTAL))
+
+
 # The run's turn policies: names as in `RunConfig.truncation` (`etl.config.file.TURN_POLICIES`).
 TRUNCATION_FNS: dict[str, _TruncationFn] = {
     "drop_oldest_turns": drop_oldest_turns,
@@ -208,7 +213,7 @@ def _annotate(turns: pl.LazyFrame, *, eos_len: int) -> pl.LazyFrame:
 def plan_truncation(
     turns: pl.LazyFrame,
     *,
-    seq_len: int,
+    seq_len: int | None,
     bos_len: int,
     eos_len: int,
     policy: str = "drop_oldest_turns",
@@ -217,7 +222,8 @@ def plan_truncation(
 
     Args:
         turns: one row per turn, sorted by conversation and turn (see the module docstring).
-        seq_len: tokens per example, BOS and EOS included (S = T + 1).
+        seq_len: tokens per example, BOS and EOS included (S = T + 1); None: no truncation
+            (every turn whole, the window the whole conversation; `policy` is not read).
         bos_len: tokens the example starts with before its first turn.
         eos_len: tokens it ends with after its last turn.
         policy: a key of `TRUNCATION_FNS`.
@@ -231,7 +237,7 @@ def plan_truncation(
         EtlError: for an unknown policy (config validation normally catches it first).
     """
     try:
-        rule_for = TRUNCATION_FNS[policy]
+        rule_for = _whole if seq_len is None else TRUNCATION_FNS[policy]
     except KeyError:
         raise EtlError(
             f"unknown truncation policy {policy!r}; allowed: {', '.join(TRUNCATION_FNS)} "
@@ -239,6 +245,7 @@ def plan_truncation(
         ) from None
     fixed = bos_len + eos_len
     rule = rule_for(seq_len=seq_len, fixed=fixed)
+    limit = pl.col(TOTAL) if seq_len is None else seq_len  # the window's longest
     keep_len = pl.when(pl.col(KEEP_WHOLE)).then(pl.col(TURN_LEN)).otherwise(0)
     return (
         _annotate(turns, eos_len=eos_len)
@@ -249,7 +256,7 @@ def plan_truncation(
             rule.drop_reason.alias(DROP_REASON),
         )
         .with_columns(rule.stop.alias(STOP))
-        .with_columns(pl.max_horizontal(pl.col(STOP) - seq_len, 0).alias(CUT))
+        .with_columns(pl.max_horizontal(pl.col(STOP) - limit, 0).alias(CUT))
         .with_columns((pl.col(STOP) - pl.col(CUT)).alias(WINDOW))
     )
 

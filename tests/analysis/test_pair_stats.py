@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from etl import columns as C
-from etl.analysis.pair_stats import QUERIES, output_kind
+from etl.analysis.pair_stats import output_kind
+from etl.kinds import KINDS
 from etl.analysis.stats import query_names, run_queries, run_query
 from etl.errors import EtlError
 from tests.analysis.pair_fixtures import (
@@ -31,7 +32,7 @@ def rows(table: object, *keys: str) -> list[tuple]:
 
 def test_every_pair_query_is_tested_here() -> None:
     tested = {n.removeprefix("test_") for n in globals() if n.startswith("test_")}
-    assert {n for names in QUERIES.values() for n in names} <= tested
+    assert {n for kind in KINDS.values() for n in kind.queries} <= tested
 
 
 def test_pairs(pref: Path) -> None:
@@ -190,7 +191,7 @@ def test_an_output_that_kept_no_pair(tmp_path: Path) -> None:
     counts = {"read": 2, "written": 0, "truncated": 0, "dropped": {"pair_too_long": 2}, "rejected": {}}
     dst = write_pair_dst(tmp_path / "empty", "preference", [], counts, None)
     results = run_queries(dst)
-    assert list(results) == list(QUERIES["preference"])
+    assert list(results) == list(KINDS["preference"].queries)
     for name in ("part_length_histogram", "length_difference", "rejects", "packing"):
         assert results[name].num_rows == 0, name
     assert rows(results["pairs"], "split", "pairs", "tokens") == [("(all)", 0, 0)]
@@ -199,9 +200,9 @@ def test_an_output_that_kept_no_pair(tmp_path: Path) -> None:
 
 
 def test_the_kind_picks_the_queries(pref: Path, kto: Path, tmp_path: Path) -> None:
-    assert list(run_queries(kto)) == list(QUERIES["unpaired"])
-    assert query_names("preference") == list(QUERIES["preference"])
-    assert "trained_share" not in QUERIES["preference"] and "pairs" not in query_names()
+    assert list(run_queries(kto)) == list(KINDS["unpaired"].queries)
+    assert query_names("preference") == list(KINDS["preference"].queries)
+    assert "trained_share" not in KINDS["preference"].queries and "pairs" not in query_names()
     with pytest.raises(EtlError, match="unknown query 'lengths' for a preference output"):
         run_query(pref, "lengths")
     assert output_kind({}) == "sft" == output_kind({C.MANIFEST_KIND: "sft"})

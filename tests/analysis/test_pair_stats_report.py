@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from etl.analysis.pair_report import LONGER, PLOTTED_ONLY, SHORTER
-from etl.analysis.pair_stats import QUERIES
+from etl.kinds import KINDS
 from etl.analysis.report import build_report, histogram_bin_width
 from etl.analysis.report_plots import COLORS
 from etl.analysis.stats import query_names, run_query
@@ -22,11 +22,11 @@ from tests.analysis.test_stats_report import assert_not_blank, decode, share_of_
 def test_stats_prints_the_preference_tables(pref: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "stats", str(pref))
     assert code == 0
-    titles = [line.strip() for line in out.splitlines() if line.strip() in {*QUERIES["preference"], *query_names()}]
-    assert titles == list(QUERIES["preference"])  # no SFT table (lengths, roles...) on pairs
+    titles = [line.strip() for line in out.splitlines() if line.strip() in {*KINDS["preference"].queries, *query_names()}]
+    assert titles == list(KINDS["preference"].queries)  # no SFT table (lengths, roles...) on pairs
     assert "pair_too_long" in out and "drop_oldest_turns" in out and "█" in out
     code, out, _ = run_cli(capsys, "stats", str(pref), "--query", "list")
-    assert (code, out.split()) == (0, list(QUERIES["preference"]))
+    assert (code, out.split()) == (0, list(KINDS["preference"].queries))
     code, out, _ = run_cli(capsys, "stats", str(pref), "--query", "length_bias", "--format", "json")
     assert json.loads(out) == run_query(pref, "length_bias").to_pylist()
     assert json.loads(out)[-1]["chosen_longer"] == 3
@@ -54,7 +54,7 @@ def test_preference_report(pref: Path) -> None:
     assert share_of_color(difference, LONGER) > 0.01 and share_of_color(difference, SHORTER) > 0.01
     assert share_of_color(outcomes, COLORS[1]) > 0.01  # the score-tie segment (2 of 7 pairs)
     assert share_of_color(drops, COLORS[3]) > 0.005  # dropped: pair_too_long
-    for name in QUERIES["preference"]:
+    for name in KINDS["preference"].queries:
         assert (f'<h2 id="{name}">' in html) == (name not in PLOTTED_ONLY), name
     assert '<h2 id="roles">' not in html
     assert "<dt>pair fit</dt><dd>separate</dd>" in html and "<dt>kind</dt><dd>preference</dd>" in html
