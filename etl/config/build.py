@@ -17,7 +17,8 @@ from typing import Any
 
 import tomllib
 
-from etl.config.declare import MIB, choices, key_of, optional, show
+from etl.columns import INPUT_TYPES
+from etl.config.declare import MIB, choices, key_of, not_allowed, optional, show
 from etl.config.file import CANONICAL_ROLES, DEFAULT_MASK, FIELD_ROLES, SOURCE_OPTIONS
 from etl.config.run_config import MaskOptions, MixSource, Mixture, RunConfig
 from etl.config.schema import builder_options, check_file
@@ -163,6 +164,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def _with_flags(kwargs: dict[str, Any], args: argparse.Namespace) -> RunConfig:
+    if (input_type := getattr(args, "input_type", None)) is not None and input_type not in INPUT_TYPES:
+        raise EtlError(not_allowed("input.type", input_type, sorted(INPUT_TYPES)))  # as a file's is told
     kwargs = {**kwargs, **flag_values(args)}
     if getattr(args, "input_type", None) == "text":
         kwargs["default_system"] = None

@@ -77,6 +77,13 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     assert manifest["seq_len"] == 32 and manifest["template"]["name"] == "chatml"
 
 
+def test_an_unknown_input_type_flag_is_told_as_the_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = write(tmp_path / "raw.jsonl", [chat(("user", "a"), ("assistant", "b"))])
+    assert main(["run", str(src), str(tmp_path / "out"), "--input-type", "xml"]) == 2  # was an internal error
+    assert "config: input.type is 'xml'; allowed: chat, instruction," in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_toml_config_with_dedup_and_split(tmp_path: Path) -> None:
     records = [chat(("user", f"q{i}"), ("assistant", f"a{i}")) for i in range(200)]
     src = write(tmp_path / "raw.jsonl", records + records[:10])  # 10 exact duplicates
