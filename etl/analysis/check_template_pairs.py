@@ -51,7 +51,7 @@ class PairCheckReport:
     template: str
     tokenizer: str
     reference: str
-    input_type: str = "preference"
+    input_type: str = PREFERENCE
     kind: str = PREFERENCE
     examples: int = 0
     equal: int = 0

@@ -14,7 +14,7 @@ from typing import Any
 
 from etl import columns as c
 from etl.errors import EtlWarning
-from etl.kinds import KINDS
+from etl.kinds import KINDS, SFT
 from etl.output.ownership import tmp_of
 from etl.output.parquet import KIND_SCHEMAS, TURNS_SCHEMA, data_schema
 from etl.output.writer import OutputWriter
@@ -35,7 +35,7 @@ def _split_files(files: list[dict[str, Any]], folder: str) -> dict[str, list[str
     return found
 
 
-def _front_matter(files: list[dict[str, Any]], kind: str = "sft") -> list[str]:
+def _front_matter(files: list[dict[str, Any]], kind: str = SFT) -> list[str]:
     """YAML by hand (no PyYAML dependency; fixed order, so the bytes are deterministic). Paths are
     etl's own `<folder>/<split>/part-NNNNN.parquet`: plain scalars, no glob characters."""
     lines = []
@@ -83,7 +83,7 @@ def _columns(kind: str, weights: bool) -> list[str]:
 def card_text(files: list[dict[str, Any]], manifest: dict[str, Any], *, weights: bool) -> str:
     """The card's text, from the run's file entries and manifest only (no time, no DST path)."""
     tok, counts, seq_len = manifest["tokenizer"], manifest["counts"], manifest["seq_len"]
-    kind = manifest.get(c.MANIFEST_KIND, "sft")
+    kind = manifest.get(c.MANIFEST_KIND, SFT)
     what, rows, use, _ = KINDS[kind].card
     sha = f", sha256 {tok['sha256'][:12]}" if tok.get("sha256") else ""
     lost = sum(counts["dropped"].values()) + sum(counts["rejected"].values())

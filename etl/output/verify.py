@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from etl import columns as c
 from etl.errors import EtlError, EtlWarning
-from etl.kinds import KINDS
+from etl.kinds import KINDS, SFT
 
 RERUN = "rerun `etl run` to rewrite the output"
 # The columns a row of each manifest kind must have, and those holding token ids.
@@ -95,7 +95,7 @@ def _check_facts(m: dict[str, Any], path: Path) -> None:
     """What a manifest says about itself: S a valid length, a known kind, pad and end-of-turn ids
     equal to its template's, every recorded id inside the vocabulary. Keys a hand-built manifest
     leaves out (tests' fixtures) are not asked for; a sealed etl manifest has them all."""
-    seq_len, kind = m.get("seq_len"), m.get(c.MANIFEST_KIND, "sft")
+    seq_len, kind = m.get("seq_len"), m.get(c.MANIFEST_KIND, SFT)
     if seq_len is not None and (type(seq_len) is not int or seq_len < c.MIN_SEQ_LEN):
         _refuse(path, f"seq_len {seq_len!r} {c.SEQ_LEN_RULE}")
     if kind not in KINDS:
@@ -134,7 +134,7 @@ def check_rows(manifest: dict[str, Any], part: Path, meta: pq.FileMetaData, reco
     Raises:
         EtlError: one line naming the manifest, the part and the fix.
     """
-    kind = manifest.get(c.MANIFEST_KIND) or "sft"
+    kind = manifest.get(c.MANIFEST_KIND) or SFT
     names = set(meta.schema.to_arrow_schema().names)
     if missing := [n for n in KINDS[kind].columns if n not in names]:
         _refuse(record, f"kind {kind!r}, but {part} lacks {', '.join(missing)}")
