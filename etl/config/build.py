@@ -21,8 +21,11 @@ from etl.columns import INPUT_TYPES
 from etl.config.declare import MIB, choices, key_of, not_allowed, optional, show
 from etl.config.file import CANONICAL_ROLES, DEFAULT_MASK, FIELD_ROLES, SOURCE_OPTIONS
 from etl.config.run_config import MaskOptions, MixSource, Mixture, RunConfig
-from etl.config.schema import builder_options, check_file
 from etl.errors import EtlError
+
+# etl.config.schema (the file's checks, the builders' options) imports the input builders, so DuckDB,
+# numpy and pyarrow: it is imported where a config is built, not here, so that `add_flags` (etl run's
+# and etl check-template's --help) costs pydantic only (tests/commands/test_help_imports.py).
 
 _KEYS = {attr: k for attr, info in RunConfig.model_fields.items() if (k := key_of(info))}  # attr -> Key
 _COMBINED = {"input.type", "truncation.policy"}  # keys config_from_dict reads itself
@@ -96,6 +99,8 @@ def train_roles(mask: dict[str, str], mask_default: str, input_type: str) -> tup
 
 def config_from_dict(doc: dict[str, Any]) -> dict[str, Any]:
     """RunConfig keyword arguments from a parsed config document: the keys it sets, checked."""
+    from etl.config.schema import builder_options, check_file
+
     check_file(doc)
     inp = dict(doc.get("input", {}))
     input_type, pre = inp.pop("type", "chat"), doc.get("preprocessing", {})
@@ -136,6 +141,8 @@ def _output_keys(output: dict[str, Any], inp: dict[str, Any], input_type: str) -
         EtlError: output.domain_key other than input.domain_key, or for an input type without one;
             max_tokens_per_shard without storage_format (it would do nothing).
     """
+    from etl.config.schema import builder_options
+
     if (name := output.get("domain_key")) is not None:
         if inp.get("domain_key", name) != name:
             raise EtlError(f"config: output.domain_key is {name!r} but input.domain_key is {inp['domain_key']!r}; "

@@ -10,12 +10,15 @@ from typing import Any
 
 from etl.columns import MANIFEST_FILE
 from etl.errors import EtlError
-from etl.output.verify import RERUN, check_manifest
 
 
 def read_manifest(dst: str | os.PathLike[str]) -> dict[str, Any]:
     """Load the manifest of a finished run, verified (`etl.output.verify.check_manifest`), or raise
     an `EtlError` that says what to run."""
+    # verify imports numpy and pyarrow: here, not at the top, so that commands importing this module
+    # (etl inspect, etl pack) build their --help without them (tests/commands/test_help_imports.py).
+    from etl.output.verify import RERUN, check_manifest
+
     path = Path(dst) / MANIFEST_FILE
     if not path.is_file():
         if (root := _output_above(Path(dst))) is not None:
