@@ -7,7 +7,7 @@
 The model is a 2-layer Qwen2 (hidden 128) with random weights and the output's vocabulary, so
 it runs anywhere without a download; swap in ``from_pretrained(...)`` for a real one. Batches
 are packed (``packing="bfd"``: whole examples back to back in rows of S tokens) and
-`etl.loader.hf_inputs` turns them into the model's keywords so every example attends only to
+`etl.train.hf_inputs` turns them into the model's keywords so every example attends only to
 itself: packed training equals unpacked training, without padding every example to S.
 
 Every --save-every steps and at the end, --out gets the model (``save_pretrained``: loadable
@@ -28,8 +28,9 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from transformers.utils import logging as hf_logging
 
 from etl.columns import IGNORE_INDEX
-from etl.loader import ParquetLoader, hf_inputs
+from etl.loader import ParquetLoader
 from etl.output.manifest import read_manifest
+from etl.train import hf_inputs
 
 STATE = "train_state.pt"  # optimizer + loader + step, next to the model's own files
 CHECKPOINT = "train_hf"  # --out's default: DST/train_hf, beside the data it was trained on
@@ -100,7 +101,7 @@ def train(dst: str, *, steps: int, batch_size: int, seq_len: int | None, lr: flo
         for batch in loader:  # a new `for` is a new epoch; right after load_state_dict, the rest of it
             kw = hf_inputs(batch, model)  # input_ids, labels, position_ids, mask, use_cache=False
             # The mean over this batch's trained labels; to average over a whole optimizer step
-            # (accumulation, ranks), add num_items_in_batch=etl.loader.count_trained(batches).
+            # (accumulation, ranks), add num_items_in_batch=etl.train.count_trained(batches).
             loss = model(**kw).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "etl"
 # modules listed before it). What a newcomer should see in `ls etl/`.
 LAYERS = [
     "errors", "columns", "kinds", "arrow_values", "safe_paths", "ragged", "ui", "formats", "config", "ingest", "tokens", "cache", "output", "packing",
-    "pipeline", "mixture", "engine", "analysis", "loader", "export", "sft", "torch", "commands", "cli", "__main__",
+    "pipeline", "mixture", "engine", "analysis", "loader", "train", "export", "sft", "commands", "cli", "__main__",
 ]
 
 
@@ -80,7 +80,6 @@ def test_families_import_only_the_ones_below():
 def test_top_level_shows_the_stage_families():
     folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     assert {"config", "ingest", "formats", "tokens", "pipeline", "output", "analysis", "ui",
-            "loader", "export", "commands", "packing", "mixture"} <= folders
+            "loader", "train", "export", "commands", "packing", "mixture"} <= folders
     flat = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert flat == ["__init__", "__main__", "arrow_values", "cli", "columns", "errors", "kinds", "ragged", "safe_paths", "sft",
-                    "torch"]
+    assert flat == ["__init__", "__main__", "arrow_values", "cli", "columns", "errors", "kinds", "ragged", "safe_paths", "sft"]

@@ -1,7 +1,10 @@
 """Training loader: Parquet-backed Dataset, resumable samplers, vectorized collate, packing.
 
 Names are imported lazily (PEP 562) so torch-free users (`etl stats`, `etl export`) do not pay for
-torch. The episode export and its `EpisodeDataLoader` live in `etl.export`.
+torch. The names here are those a training loop uses; the rest stay in their modules
+(`etl.loader.collate.COLLATE_FNS`, `etl.loader.balance.BALANCERS`, ...). Losses, DPO/KTO and the
+transformers/TRL calls that score the batches are `etl.train`; the episode export and its
+`EpisodeDataLoader` live in `etl.export`.
 
     loader = ParquetLoader("parquet/", batch_size=32, seed=0)
     for batch in loader:  # x, y, loss_mask, attention_mask
@@ -9,10 +12,10 @@ torch. The episode export and its `EpisodeDataLoader` live in `etl.export`.
 
     packed = ParquetLoader("parquet/", batch_size=8, packing="bfd")  # + segment_ids, position_ids, ...
 
-Preference data (manifest kind ``preference``): padded batches as TRL's DataCollatorForPreference,
-or ``packing="bfd"``: each pair once as [prompt, chosen, rejected] (`pack_pairs`,
-`pair_hf_inputs`, `completion_logps`, `dpo_loss`); unpaired (KTO) rows:
-`unpaired_logps`, `kto_loss`.
+Preference data (manifest kind ``preference``): padded batches as TRL's DataCollatorForPreference
+(`collate_pairs`), or ``packing="bfd"``: each pair once as [prompt, chosen, rejected]
+(`pack_pairs`, `collate_pairs_packed`, masked by `pair_sdpa_mask` / `pair_block_mask`);
+unpaired (KTO) rows: `collate_unpaired` (`etl.loader.pairs`).
 """
 
 from __future__ import annotations
@@ -22,49 +25,29 @@ from typing import Any
 
 _EXPORTS = {
     "ParquetLoader": "dataloader",
+    "ParquetDataset": "dataset",
     "PadOptions": "groups",
     "PackOptions": "groups",
     "SamplerOptions": "groups",
     "CacheOptions": "groups",
     "DomainWeights": "groups",
-    "ParquetDataset": "dataset",
+    "TokenBalance": "balance",
     "EpochSampler": "samplers",
     "RandomSampler": "samplers",
-    "SAMPLERS": "samplers",
-    "epoch_order": "orders",
-    "COLLATE_FNS": "collate",
+    "PackSampler": "pack_sampler",
     "collate": "collate",
-    "collate_fixed": "collate",
-    "collate_longest": "collate",
-    "resolve_pad_id": "collate",
     "collate_packed": "collate_packed",
-    "PACKED_COLLATE_FNS": "collate_packed",
-    "PairRows": "pairs_rows",
-    "rows_from_examples": "pairs_rows",
-    "collate_pairs": "pairs_collate",
-    "collate_unpaired": "pairs_collate",
-    "PackedPairs": "pairs_pack",
-    "pack_pairs": "pairs_pack",
-    "collate_pairs_packed": "pairs_pack",
-    "pair_mask_mod": "pairs_attention",
-    "pair_block_mask": "pairs_attention",
-    "pair_sdpa_mask": "pairs_attention",
-    "pair_hf_inputs": "pairs_attention",
-    "completion_logps": "pairs_logps",
-    "dpo_loss": "pairs_logps",
-    "kto_loss": "pairs_kto",
-    "unpaired_logps": "pairs_kto",
-    "prepared_dpo_trainer": "trl_dpo",
+    "TorchCollate": "device",
+    "Ragged": "etl.ragged",  # lives at the top: output/ uses it too
     "document_block_mask": "attention",
     "document_sdpa_mask": "attention",
-    "hf_inputs": "hf_kwargs",  # not hf_inputs.py: a submodule of that name would shadow it
-    "PackSampler": "pack_sampler",
-    "TokenBalance": "balance",
-    "BALANCERS": "balance",
-    "Ragged": "etl.ragged",  # lives at the top: output/ uses it too
-    "TorchCollate": "device",
-    **dict.fromkeys(["token_losses", "trained_positions", "count_trained", "count_examples",
-                     "token_mean_loss", "example_losses", "example_mean_loss", "sequence_sum_loss"], "loss"),
+    "rows_from_examples": "pairs.rows",
+    "collate_pairs": "pairs.collate",
+    "collate_unpaired": "pairs.collate",
+    "pack_pairs": "pairs.pack",
+    "collate_pairs_packed": "pairs.pack",
+    "pair_block_mask": "pairs.attention",
+    "pair_sdpa_mask": "pairs.attention",
 }
 
 __all__ = list(_EXPORTS)
@@ -79,4 +62,4 @@ def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'etl.loader' has no attribute {name!r}")
     module = _EXPORTS[name]
-    return getattr(importlib.import_module(module if "." in module else f"etl.loader.{module}"), name)
+    return getattr(importlib.import_module(module if module.startswith("etl.") else f"etl.loader.{module}"), name)

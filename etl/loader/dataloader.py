@@ -30,10 +30,9 @@ from etl.loader.groups import (
     SamplerOptions,
     resolve_groups,
 )
-from etl.loader.legacy_keywords import upgrade
-from etl.loader.options import check_keywords, rank_world, resolve_seq_len
+from etl.loader.options import check_keywords, check_unknown, rank_world, resolve_seq_len
 from etl.loader.pack_sampler import make_pack_sampler
-from etl.loader.pairs_loader import pair_sampler_and_collate
+from etl.loader.pairs.loader import pair_sampler_and_collate
 from etl.loader.samplers import EpochSampler, RandomSampler
 from etl.packing.index import SPLITTING
 
@@ -49,7 +48,7 @@ class ParquetLoader:
     torch's ``DataLoader(loader.dataset, batch_sampler=loader.sampler, collate_fn=loader.collate_fn)``;
     ``loader.options`` holds the option groups as resolved (`etl.loader.groups.LoaderGroups`).
     Preference pairs and unpaired (KTO) rows (the manifest's ``kind``) batch differently: TRL's
-    padded pairs or prefix-shared packed pairs, SFT rows plus ``label`` (`etl.loader.pairs_loader`).
+    padded pairs or prefix-shared packed pairs, SFT rows plus ``label`` (`etl.loader.pairs.loader`).
 
     Args:
         dst: ``etl run`` output directory.
@@ -81,9 +80,9 @@ class ParquetLoader:
             len(dataset) examples, domain d's share w_d / sum(w) exactly up to rounding (docs/training.md
             "Domain weights"); with packing, packed online (the index holds every row once).
         cache: `CacheOptions`: decoded row groups kept per worker (``row_groups``, ``mb``).
-        **deprecated: the keywords of earlier releases (``pad_multiple``, ``pack_options``,
-            ``balance_tokens``, ...): folded into their groups with a DeprecationWarning that
-            names the new form (`etl.loader.legacy_keywords`).
+
+    Raises:
+        TypeError: a keyword it does not take, named with the keywords it does.
     """
 
     def __init__(
@@ -106,14 +105,15 @@ class ParquetLoader:
         balance: bool | str | TokenBalance | None = None,
         domains: Mapping[str, float] | DomainWeights | None = None,
         cache: CacheOptions | None = None,
-        **deprecated: Any,
+        **unknown: Any,
     ):
+        check_unknown(unknown, ParquetLoader)
         check_keywords({"batch_size": batch_size, "seq_len": seq_len, "seed": seed, "num_workers": num_workers,
                         "rank": rank, "world_size": world_size, "shuffle": shuffle, "drop_last": drop_last,
                         "split": split})
         given = {"packing": packing, "collate": collate, "sampler": sampler, "balance": balance,
                  "domains": domains, "cache": cache}
-        self.options: LoaderGroups = resolve_groups(**upgrade(deprecated, given))
+        self.options: LoaderGroups = resolve_groups(**given)
         rows, pack, cache_ = self.options.rows, self.options.packing, self.options.cache
         window = self.options.sampler.window
         self.dataset = ParquetDataset(
@@ -126,7 +126,7 @@ class ParquetLoader:
                                                                      or self.dataset.kind == "preference"))
         self.pad_id = resolve_pad_id(rows.pad_id, manifest)
         self.rank, self.world_size = rank_world(rank, world_size)
-        self.skipped_pairs = 0  # packed preference pairs over S, left out (etl.loader.pairs_loader)
+        self.skipped_pairs = 0  # packed preference pairs over S, left out (etl.loader.pairs.loader)
         self._collate_given = collate is not None
         self.device = resolve_device(device)
         weights = None if self.options.domains is None else self.options.domains.weights

@@ -30,8 +30,8 @@ from etl.columns import (
 )
 from etl.errors import EtlError
 from etl.loader.pack_request import PackRequest
-from etl.loader.pairs_pack import LabeledPack, PackedPairs, pair_pieces
-from etl.loader.pairs_rows import PairRows, concat_rows, part_columns, read_rows
+from etl.loader.pairs.pack import LabeledPack, PackedPairs, pair_pieces
+from etl.loader.pairs.rows import PairRows, concat_rows, part_columns, read_rows
 from etl.output.manifest import read_manifest
 from etl.output.parts import fingerprint, listed_parts, listed_splits, open_part
 from etl.ragged import PackedBatch, Ragged, concat, from_arrow

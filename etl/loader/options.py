@@ -5,8 +5,10 @@ Torch-free at import (the option groups, `etl.loader.groups`, build on it).
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from etl.columns import MIN_SEQ_LEN
@@ -74,6 +76,18 @@ def check_keywords(values: dict[str, Any]) -> None:
             hint = f" (pass {name}={value.strip()})" if isinstance(value, str) and value.strip().isdigit() else ""
             raise EtlError(f"ParquetLoader({name}=...) must be {takes}, got {value!r} "
                            f"({type(value).__name__}){hint}")
+
+
+def check_unknown(unknown: dict[str, Any], func: Callable[..., Any]) -> None:
+    """Raise a `TypeError` naming the first keyword in ``unknown`` and every keyword ``func`` takes.
+
+    Why: Python's own message names the wrong keyword only; the list is the fix for a typo or a
+    keyword that moved into an option group (``pad_multiple`` is ``PadOptions(pad_multiple=...)``).
+    """
+    if unknown:
+        taken = [n for n, p in inspect.signature(func).parameters.items() if p.kind is not p.VAR_KEYWORD]
+        raise TypeError(f"{func.__qualname__}() got an unexpected keyword argument {next(iter(unknown))!r}; "
+                        f"it takes {', '.join(taken)}")
 
 
 def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:

@@ -19,7 +19,7 @@ from etl.loader.balance import (
     regroup_steps,
     token_balance,
 )
-from etl.loader.balance_regroup import swap_across_steps
+from etl.loader.balance.regroup import swap_across_steps
 from etl.loader.samplers import EpochSampler, RandomSampler, split_for_rank
 
 

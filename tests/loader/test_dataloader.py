@@ -113,11 +113,20 @@ def test_collate_is_the_function_not_its_module() -> None:
     import etl.loader.collate  # noqa: F401 (importing the submodule must not shadow the name)
     from etl.loader import collate
 
-    sys.modules.pop("etl.torch", None)  # the old name warns on its first import only
-    with pytest.warns(DeprecationWarning, match="import from etl.loader"):
-        from etl.torch import collate as via_torch
+    assert callable(collate) and collate is sys.modules["etl.loader.collate"].collate
 
-    assert callable(collate) and collate is via_torch and collate.__name__ == "collate"
+
+def test_the_packages_export_a_training_loops_names_and_import_no_torch() -> None:
+    """etl.loader's names are a loop's (at most 25; the rest stay in their modules), etl.train's the
+    scoring helpers; neither import pulls in torch until a name is used."""
+    import etl.loader
+    import etl.train
+
+    assert len(etl.loader.__all__) <= 25 and not set(etl.loader.__all__) & set(etl.train.__all__)
+    assert all(callable(getattr(etl.train, name)) for name in etl.train.__all__)
+    code = "import sys, etl.loader, etl.train; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
 
 
 def test_break_mid_epoch_then_resume_delivers_each_batch_once(dst: Path) -> None:

@@ -1,16 +1,14 @@
 """ParquetLoader's front door: plain keywords plus option groups, epochs per `for` as torchdata's
-StatefulDataLoader has them, the old keywords (same batches, one DeprecationWarning), and the
-parts working alone with torch's own DataLoader."""
+StatefulDataLoader has them, unknown keywords refused with the ones it takes, and the parts
+working alone with torch's own DataLoader."""
 
 from __future__ import annotations
 
 import inspect
 import itertools
-import warnings
 from pathlib import Path
 
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 from etl.errors import EtlError
@@ -21,7 +19,6 @@ from etl.loader import (
     PadOptions,
     ParquetLoader,
     SamplerOptions,
-    TokenBalance,
 )
 
 from .conftest import random_examples
@@ -79,49 +76,15 @@ def test_a_replaced_iterator_stops_with_an_error(dst: Path) -> None:
         next(old)
 
 
-def _deprecated(dst: Path, **old: object) -> tuple[list[dict[str, torch.Tensor]], dict[str, object]]:
-    """One epoch of the old call, and the keywords its single DeprecationWarning tells to pass."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        batches = list(ParquetLoader(dst, batch_size=4, seed=1, drop_last=False, **old))
-    messages = [str(w.message) for w in caught if w.category is DeprecationWarning]
-    assert len(messages) == 1 and "is deprecated and will be removed in the next release" in messages[0]
-    names = {"PadOptions": PadOptions, "PackOptions": PackOptions, "SamplerOptions": SamplerOptions,
-             "CacheOptions": CacheOptions, "TokenBalance": TokenBalance, "DomainWeights": DomainWeights}
-    suggested = messages[0].split(": pass ", 1)[1].split(" (", 1)[0]
-    return batches, eval(f"dict({suggested})", names)  # the form it names is code that runs
-
-
-def test_old_padded_keywords_give_the_same_batches_and_name_the_new_form(dst: Path) -> None:
-    old = {"collate": "longest", "pad_multiple": 4, "min_tokens": 3, "shuffle_window": 2, "cache_mb": 0,
-           "balance_tokens": True, "balance_window": 2, "rank": 1, "world_size": 2}
-    batches, suggested = _deprecated(dst, **old)
-    assert suggested == {"collate": PadOptions("longest", pad_multiple=4, min_tokens=3),
-                         "sampler": SamplerOptions(shuffle_window=2), "cache": CacheOptions(mb=0),
-                         "balance": TokenBalance(window=2)}
-    new = ParquetLoader(dst, batch_size=4, seed=1, drop_last=False, rank=1, world_size=2, **suggested)
-    assert [{k: v.tolist() for k, v in b.items()} for b in new] == [
-        {k: v.tolist() for k, v in b.items()} for b in batches]
-
-
-def test_old_packed_keywords_give_the_same_batches(dst: Path) -> None:
-    old = {"packing": "bfd", "pack_options": {"max_docs_per_bin": 3}, "target": "labels",
-           "truncation": "left", "train_on_eos": False, "eos_id": 1}
-    batches, suggested = _deprecated(dst, **old)
-    pack = PackOptions("bfd", max_docs_per_bin=3, target="labels", truncation="left", train_on_eos=False,
-                       eos_id=1)
-    assert suggested == {"packing": pack}
-    new = list(ParquetLoader(dst, batch_size=4, seed=1, drop_last=False, packing=pack))
-    assert len(new) == len(batches) and all(
-        torch.equal(a[k], b[k]) for a, b in zip(new, batches, strict=True) for k in a)
-
-
-def test_an_old_keyword_that_had_no_effect_is_dropped_and_said_so(dst: Path) -> None:
-    with pytest.warns(DeprecationWarning, match=r"pass nothing \(target, pad_multiple: no effect"):
-        loader = ParquetLoader(dst, batch_size=4, target="labels", pad_multiple=8)
-    assert _x(loader) == _x(ParquetLoader(dst, batch_size=4))
-    with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
-        ParquetLoader(dst, batch_size=4, batchsize=4)
+def test_an_unknown_keyword_is_named_with_the_ones_it_takes(dst: Path) -> None:
+    """A typo, or a keyword of earlier releases (now a field of its option group), fails at once."""
+    for wrong in ({"batchsize": 4}, {"pad_multiple": 8}, {"balance_tokens": True}):
+        with pytest.raises(TypeError) as caught:
+            ParquetLoader(dst, batch_size=4, **wrong)
+        message = str(caught.value)
+        assert message.startswith(f"ParquetLoader() got an unexpected keyword argument {next(iter(wrong))!r}; "
+                                  "it takes dst, batch_size, split,")
+        assert "\n" not in message and message.endswith("balance, domains, cache")
 
 
 @pytest.mark.parametrize(("build", "match"), [

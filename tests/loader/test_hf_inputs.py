@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from etl.cli import main
 from etl.columns import IGNORE_INDEX, INPUT_IDS, LOSS_MASK
 from etl.errors import EtlError, EtlWarning
-from etl.loader import PackOptions, ParquetLoader, hf_inputs
+from etl.loader import PackOptions, ParquetLoader
 from etl.loader.collate_packed import collate_packed
 from etl.ragged import PackedBatch, from_examples
+from etl.train import hf_inputs
 
 transformers = pytest.importorskip("transformers")
 
@@ -277,8 +278,8 @@ def test_unpacked_batches_and_unknown_implementations_say_what_to_pass(dst: Path
 def test_loss_helpers_take_the_logits_of_hf_inputs_as_they_come(dst: Path, target: str) -> None:
     # hf_inputs widens a y batch by one column (T + 1 logits); the helpers align them, and the
     # token mean equals the model's own loss on the same keywords (transformers' shift and mean).
-    from etl.loader import token_losses as etl_token_losses
-    from etl.loader import token_mean_loss
+    from etl.train import token_losses as etl_token_losses
+    from etl.train import token_mean_loss
 
     model = tiny_qwen2(vocab(dst), "sdpa")
     for batch in packed(dst, target):

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from etl.columns import IGNORE_INDEX
 from etl.errors import EtlError
-from etl.loader import (
-    PackOptions,
-    ParquetLoader,
+from etl.loader import PackOptions, ParquetLoader
+from etl.loader.collate_packed import collate_packed
+from etl.train import (
     count_examples,
     count_trained,
     example_losses,
@@ -28,7 +28,6 @@ from etl.loader import (
     token_losses,
     token_mean_loss,
 )
-from etl.loader.collate_packed import collate_packed
 
 from .conftest import random_examples
 from .test_collate_packed import golden

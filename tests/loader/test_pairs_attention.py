@@ -13,15 +13,15 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from etl.errors import EtlError
 from etl.loader import (
-    PackedPairs,
     collate_pairs,
     collate_pairs_packed,
     pack_pairs,
     pair_block_mask,
-    pair_hf_inputs,
     pair_sdpa_mask,
     rows_from_examples,
 )
+from etl.loader.pairs.pack import PackedPairs
+from etl.train import pair_hf_inputs
 
 
 def one_row() -> dict[str, torch.Tensor]:

@@ -16,14 +16,8 @@ import torch.nn.functional as F
 
 from etl.cli import main
 from etl.errors import EtlError
-from etl.loader import (
-    ParquetLoader,
-    collate_unpaired,
-    dpo_loss,
-    hf_inputs,
-    kto_loss,
-    unpaired_logps,
-)
+from etl.loader import ParquetLoader, collate_unpaired
+from etl.train import dpo_loss, hf_inputs, kto_loss, unpaired_logps
 
 transformers = pytest.importorskip("transformers")
 

@@ -22,12 +22,10 @@ from etl.loader import (
     ParquetLoader,
     collate_pairs,
     collate_pairs_packed,
-    completion_logps,
-    dpo_loss,
     pack_pairs,
-    pair_hf_inputs,
     rows_from_examples,
 )
+from etl.train import completion_logps, dpo_loss, pair_hf_inputs
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from etl.errors import EtlBug, EtlError
-from etl.loader import PackedPairs, collate_pairs_packed, pack_pairs, rows_from_examples
-from etl.loader.pairs_pack import PART_CHOSEN, PART_PAD, PART_PROMPT, PART_REJECTED
+from etl.loader import collate_pairs_packed, pack_pairs, rows_from_examples
+from etl.loader.pairs.pack import PART_CHOSEN, PART_PAD, PART_PROMPT, PART_REJECTED, PackedPairs
 
 P_, C_, R_, X_ = PART_PROMPT, PART_CHOSEN, PART_REJECTED, PART_PAD
 

@@ -10,7 +10,7 @@ import pytest
 
 from etl.cli import main
 from etl.errors import EtlError, EtlWarning
-from etl.loader import prepared_dpo_trainer
+from etl.train import prepared_dpo_trainer
 
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")

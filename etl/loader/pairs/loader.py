@@ -23,9 +23,9 @@ from etl.errors import EtlError, EtlWarning
 from etl.loader.collate_packed import collate_packed
 from etl.loader.device import TorchCollate, to_torch
 from etl.loader.pack_sampler import PackSampler, make_pack_sampler
-from etl.loader.pairs_collate import collate_pairs, collate_unpaired
-from etl.loader.pairs_pack import PAIR_PACKERS, LabeledPack, PackedPairs, collate_pairs_packed
-from etl.loader.pairs_rows import PairRows
+from etl.loader.pairs.collate import collate_pairs, collate_unpaired
+from etl.loader.pairs.pack import PAIR_PACKERS, LabeledPack, PackedPairs, collate_pairs_packed
+from etl.loader.pairs.rows import PairRows
 
 # The loader is typed Any: importing `ParquetLoader` here, even for types, would close an import
 # cycle (the loader imports this module); it is read for dataset, options, seq_len, pad_id, rank.

@@ -1,9 +1,9 @@
 """Prefix-shared packing: each pair once as ``[prompt, chosen, rejected]``, several pairs a row.
 
-The padded layout (`etl.loader.pairs_collate`) runs every prompt twice and pads each of 2B rows
+The padded layout (`etl.loader.pairs.collate`) runs every prompt twice and pads each of 2B rows
 to the longest; here a pair costs P + C + R tokens instead of 2 x (P + max(C, R)), and bfd
 fills rows of S. The rejected tokens restart their positions at P, so with the mask of
-`etl.loader.pairs_attention` (rejected sees its prompt and itself, never the chosen tokens)
+`etl.loader.pairs.attention` (rejected sees its prompt and itself, never the chosen tokens)
 every token computes what it computes in the padded layout. The first rejected token is
 predicted by the last prompt token, not by the token before it (the last chosen one):
 ``logits_index`` says, for every token, which position's logits predict it.
@@ -22,7 +22,7 @@ import numpy as np
 from etl.columns import COMPLETION_MASK, INPUT_IDS, check_seq_len
 from etl.errors import EtlBug, EtlError
 from etl.loader.pack_request import PackRequest
-from etl.loader.pairs_rows import PairRows
+from etl.loader.pairs.rows import PairRows
 from etl.packing.registry import pack
 from etl.ragged import PackedBatch, Ragged
 
@@ -156,7 +156,7 @@ def collate_pairs_packed(batch: PackedPairs, *, seq_len: int, pad_id: int) -> di
     """Packed pairs -> (B, S) arrays of the prefix-shared layout.
 
     Trade-off: ~no padding and each prompt computed once, but the model needs the pair mask
-    (`etl.loader.pairs_attention`: a dense SDPA mask or a FlexAttention `BlockMask`; flash-attn's
+    (`etl.loader.pairs.attention`: a dense SDPA mask or a FlexAttention `BlockMask`; flash-attn's
     varlen kernels cannot express it) and the log-probs need `completion_logps`, not a shift.
 
     Args:

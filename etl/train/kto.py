@@ -17,10 +17,10 @@ import torch.nn.functional as F
 
 from etl.columns import LABEL
 from etl.errors import EtlError
-from etl.loader.loss import example_losses, token_losses
-from etl.loader.pairs_logps import check_positive
+from etl.train.dpo import check_positive
+from etl.train.loss import example_losses, token_losses
 
-# The mismatched rows of a padded unpaired batch (`etl.loader.pairs_collate.collate_unpaired`).
+# The mismatched rows of a padded unpaired batch (`etl.loader.pairs.collate.collate_unpaired`).
 KL_PREFIX = "kl_"
 
 

@@ -66,7 +66,7 @@ def token_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     ``segment_ids`` for either target. Multiply by ``loss_weight`` first if the data has weights.
 
     The logits of ``model(**hf_inputs(batch, model))`` are taken as they come: for a ``y`` batch
-    `etl.loader.hf_inputs` widens the input by one column (x plus y's last label, so the model
+    `etl.train.hf_inputs` widens the input by one column (x plus y's last label, so the model
     scores every label), and those (B, T + 1, V) logits are cut back to the T that predict ``y``
     (the extra column's own prediction is never a label).
     """
@@ -80,7 +80,7 @@ def token_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         raise EtlError(
             f"logits {tuple(logits.shape)} do not match the batch's labels {(num_rows, width)}: "
             "pass the model's (B, T, V) logits for this batch's input ids (or T + 1 columns, "
-            "the logits of model(**etl.loader.hf_inputs(batch, model)))"
+            "the logits of model(**etl.train.hf_inputs(batch, model)))"
         )
     flat = F.cross_entropy(
         logits.flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32)), labels.flatten(),
@@ -114,7 +114,7 @@ def example_losses(losses: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, to
     if losses.shape != trained.shape:
         raise EtlError(
             f"losses {tuple(losses.shape)} do not match the batch {tuple(trained.shape)}: pass "
-            "per-position losses (reduction='none'), e.g. etl.loader.token_losses(logits, batch)"
+            "per-position losses (reduction='none'), e.g. etl.train.token_losses(logits, batch)"
         )
     kept = torch.where(trained, losses, torch.zeros((), dtype=losses.dtype, device=losses.device))
     seg, counts = _example_counts(batch, trained)

@@ -3,7 +3,8 @@ nearly the same number of real tokens.
 
 Pure numpy over the whole epoch, a function of the epoch order and the token counts only, so
 every rank computes the same assignment with no communication. Dealers sit in `BALANCERS`;
-moving items between the steps of a window (before and after dealing) is in `balance_regroup`.
+moving items between the steps of a window (before and after dealing) is in
+`etl.loader.balance.regroup`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from etl.errors import EtlError
-from etl.loader.balance_regroup import regroup_steps, swap_across_steps
+from etl.loader.balance.regroup import regroup_steps, swap_across_steps
 
 
 class _BalanceFn(Protocol):

@@ -4,8 +4,9 @@ transformers keeps the documents of a packed row apart only when told how: with 
 ``use_cache=True`` (also in ``train()`` mode, transformers 5.x) a call with ``input_ids`` and
 reset ``position_ids`` attends across documents (a tiny Qwen2 on 160-token packs: logits off by
 up to 0.26, an example's summed loss by 0.18). `hf_inputs` gives each attention implementation
-the input it reads. transformers is never imported here: the model is only asked for its
-config, dtype and device.
+the input it reads; `pair_hf_inputs` does the same for preference batches (padded pairs, or
+prefix-shared packed pairs masked by `etl.loader.pairs.attention`). transformers is never
+imported here: the model is only asked for its config, dtype and device.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ from typing import Any
 
 import torch
 
-from etl.columns import IGNORE_INDEX
+from etl.columns import COMPLETION_MASK, IGNORE_INDEX, INPUT_IDS
 from etl.errors import EtlError, EtlWarning
 from etl.loader.attention import document_block_mask, document_sdpa_mask
+from etl.loader.pairs.attention import pair_block_mask, pair_sdpa_mask
+from etl.loader.pairs.pack import PAIR_IDS, PART_IDS
 
 # Implementations that take a mask (or none, then transformers masks from position_ids) and
 # those that take the varlen keywords of flash-attn (same keywords for versions 2 and 3).
 _MASKED = ("sdpa", "eager", "flex_attention")
 _VARLEN = ("flash_attention_2", "flash_attention_3")
-_FULL = "full_attention"
+_FULL, _SLIDING = "full_attention", "sliding_attention"
 
 
 def hf_inputs(batch: Mapping[str, Any], model: torch.nn.Module) -> dict[str, Any]:
@@ -159,3 +162,62 @@ def _varlen(seg: torch.Tensor) -> dict[str, Any]:
     longest = int(bounds.diff().max())  # flash-attn takes a Python int (one sync per batch)
     return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds,
             "max_length_q": longest, "max_length_k": longest}
+
+
+def _window_layers(config: Any) -> dict[str, int | None]:
+    """Layer type -> its window: full layers None; raises on layer types it cannot mask."""
+    types = set(getattr(config, "layer_types", None) or [_FULL])
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "attention_chunk_size", None) or types - {_FULL, _SLIDING}:
+        raise EtlError(f"prefix-shared packing masks full and sliding-window layers, not {sorted(types)} "
+                       "(chunked attention): use padded preference batches (packing=None)")
+    if _SLIDING in types and not window:
+        raise EtlError("the model has sliding_attention layers but no config.sliding_window")
+    return {t: window if t == _SLIDING else None for t in types}
+
+
+def pair_hf_inputs(batch: Mapping[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """Keywords for ``model(**kw)`` of a transformers causal LM, for either preference layout.
+
+    - padded (`collate_pairs`): ``input_ids`` and the 2D ``attention_mask``, as TRL calls it.
+    - packed (`collate_pairs_packed`): ``input_ids``, ``position_ids`` and a custom mask per the
+      model's ``config._attn_implementation``: ``sdpa`` a boolean (B, 1, S, S) mask; ``eager``
+      the same, additive (0 or the dtype's minimum); ``flex_attention`` a `BlockMask` (CUDA for
+      the backward: on CPU train with ``sdpa``, same result). A model with sliding-window
+      layers gets ``{layer type: mask}`` (transformers takes a dict) with the window in positions.
+      flash-attn's varlen kernels cannot skip the chosen tokens for the rejected ones:
+      load the model with ``sdpa`` or ``flex_attention``.
+
+    Both add ``use_cache=False`` and no labels: score the logits with
+    `etl.train.dpo.completion_logps`.
+
+    Raises:
+        EtlError: a batch of neither layout, or an implementation the layout cannot use.
+    """
+    config, impl = _implementation(model)
+    device, dtype = _device_dtype(model)
+    ids = torch.as_tensor(batch[INPUT_IDS]).long().to(device, non_blocking=True)
+    if PAIR_IDS not in batch:
+        if "attention_mask" not in batch or COMPLETION_MASK not in batch:
+            raise EtlError(f"pair_hf_inputs needs a preference batch (collate_pairs or collate_pairs_packed); "
+                           f"this one has {sorted(batch)}")
+        return {INPUT_IDS: ids, "attention_mask": torch.as_tensor(batch["attention_mask"]).to(device),
+                "use_cache": False}
+    if impl not in ("sdpa", "eager", "flex_attention"):
+        raise EtlError(f"prefix-shared packed pairs need a custom attention mask; {impl} takes none: load the "
+                       "model with attn_implementation='sdpa' (or 'flex_attention' on CUDA), or use padded "
+                       "preference batches (packing=None)")
+    pair, part, pos = (torch.as_tensor(batch[k]).to(device, non_blocking=True)
+                       for k in (PAIR_IDS, PART_IDS, "position_ids"))
+    pos = pos.long()
+    masks = {}
+    for layer_type, window in _window_layers(config).items():
+        if impl == "flex_attention":
+            masks[layer_type] = pair_block_mask(pair, part, position_ids=pos, window=window)
+            continue
+        mask = pair_sdpa_mask(pair, part, position_ids=pos, window=window)
+        if impl == "eager":  # eager adds the mask to the scores
+            mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
+        masks[layer_type] = mask
+    attention = masks[_FULL] if list(masks) == [_FULL] else masks
+    return {INPUT_IDS: ids, "position_ids": pos, "attention_mask": attention, "use_cache": False}

@@ -6,7 +6,7 @@ gather from the batch's joined tokens instead of TRL's per-row Python lists; etl
 ``completion_mask`` is also 0 on completion tokens the data leaves untrained (``chosen_mask`` /
 ``rejected_mask`` False: a tool result inside a multi-turn completion), where TRL's is 1.
 Unpaired (KTO) rows collate as SFT rows (`etl.loader.collate`) plus their ``label``.
-Pure numpy, like `etl.loader.collate`; the prefix-shared packed layout is `etl.loader.pairs_pack`.
+Pure numpy, like `etl.loader.collate`; the prefix-shared packed layout is `etl.loader.pairs.pack`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from etl.columns import COMPLETION_MASK, INPUT_IDS, LABEL
 from etl.errors import EtlError
 from etl.loader.collate import collate
-from etl.loader.pairs_rows import PairRows, rows_from_examples
+from etl.loader.pairs.rows import PairRows, rows_from_examples
 from etl.ragged import concat
 
 # TRL's names for which end of a sequence longer than max_length survives.
@@ -48,7 +48,7 @@ def collate_pairs(
     prompt_i + rejected_i, then ``pad_id``.
 
     Trade-off: the prompt is computed twice (once per completion) and rows pad to the longest
-    of the 2B; the prefix-shared packed layout (`etl.loader.pairs_pack`) computes it once and
+    of the 2B; the prefix-shared packed layout (`etl.loader.pairs.pack`) computes it once and
     barely pads, but needs a custom attention mask.
 
     Args:
@@ -64,7 +64,7 @@ def collate_pairs(
     Returns:
         ``input_ids``, ``attention_mask`` (1 on real tokens), ``completion_mask`` (1 on trained
         completion tokens), each (2B, L) int64; token t is predicted by the logits of t - 1
-        (`etl.loader.pairs_logps.completion_logps`).
+        (`etl.train.dpo.completion_logps`).
 
     Raises:
         EtlError: an empty batch, rows of another kind, a bad mode, or ``width`` too small.
@@ -104,7 +104,7 @@ def collate_unpaired(
     ``y``, ``loss_mask`` = the completion's mask, shifted) plus ``label`` (B,) bool, plus the
     mismatched rows of KTO's KL term: ``kl_x``, ``kl_y``, ``kl_loss_mask``, ``kl_attention_mask``,
     row i = prompt i + the completion of row i - 1 (row 0: of the last row), as TRL's
-    ``KL_completion_ids`` cycles them (`etl.loader.pairs_kto.unpaired_logps`).
+    ``KL_completion_ids`` cycles them (`etl.train.kto.unpaired_logps`).
 
     Trade-off: the mismatched rows double the collate's work (one more vectorized gather) for
     a term KTO needs in every step; with one row a batch the mismatched row is the row itself.

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from etl.columns import COMPLETION_MASK, INPUT_IDS
 from etl.errors import EtlError
-from etl.loader.pairs_pack import LOGITS_INDEX, PAIR_IDS, PART_CHOSEN, PART_IDS, PART_REJECTED
+from etl.loader.pairs.pack import LOGITS_INDEX, PAIR_IDS, PART_CHOSEN, PART_IDS, PART_REJECTED
 
 
 def token_logps(logits: torch.Tensor, input_ids: torch.Tensor, logits_index: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,8 @@ def check_dpo_trainer(trainer_class: type) -> None:
             f"step etl's adapter overrides to train tokenized pairs, written for "
             f"{PREPARE}({', '.join(PREPARE_PARAMS)}) of TRL {', '.join(TESTED_TRL)}; found {found}. "
             f"Install trl=={TESTED_TRL[-1]}.* (`pip install 'trl~={TESTED_TRL[-1]}.0'`), or train with "
-            "etl.loader's own DPO helpers (ParquetLoader, completion_logps, dpo_loss: docs/preference.md)"
+            "etl's own DPO helpers (etl.loader.ParquetLoader, etl.train.completion_logps and dpo_loss: "
+            "docs/preference.md)"
         )
     if ".".join(version.split(".")[:2]) not in TESTED_TRL:
         warnings.warn(f"etl's DPOTrainer adapter is tested with TRL {', '.join(TESTED_TRL)}, this is {version}; "
