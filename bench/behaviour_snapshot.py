@@ -45,7 +45,7 @@ BAD_FLAGS = (
 
 def _etl(tree: Path, *args: str, cwd: Path = ROOT) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "100"}
-    done = subprocess.run([sys.executable, "-P", "-m", "etl", *args], cwd=cwd, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-P", "-m", "etl", *args], cwd=cwd, env=env, capture_output=True, check=False,
                           text=True, timeout=600)
     return {"rc": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     kind = manifest.get(MANIFEST_KIND, SFT)
     if args.pack is not None and KINDS[kind].pair:
         # A pair pack lays out prompt, chosen and rejected with positions and attention of its own:
-        # the loader builds those (etl.loader.pairs_pack), and --pack renders SFT rows only.
+        # the loader builds those (etl.loader.pairs.pack), and --pack renders SFT rows only.
         raise EtlError(f"--pack shows packed SFT rows, and {args.dst} holds {kind} rows; `etl inspect "
                        f"{args.dst} --row N` shows one of them, and ParquetLoader(DST, packing=...) gives "
                        "their packed batches")

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from etl import columns as C
 from etl.analysis.pair_stats import output_kind
-from etl.kinds import KINDS
 from etl.analysis.stats import query_names, run_queries, run_query
 from etl.errors import EtlError
+from etl.kinds import KINDS
 from tests.analysis.pair_fixtures import (
     write_pair_dst,
 )

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from etl.analysis.pair_report import LONGER, PLOTTED_ONLY, SHORTER
-from etl.kinds import KINDS
 from etl.analysis.report import build_report, histogram_bin_width
 from etl.analysis.report_plots import COLORS
 from etl.analysis.stats import query_names, run_query
+from etl.kinds import KINDS
 from tests.analysis.pair_fixtures import (
     write_pair_dst,
 )
