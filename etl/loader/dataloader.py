@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from etl.errors import EtlError, EtlWarning
+from etl.kinds import KINDS
 from etl.loader.balance import TokenBalance
 from etl.loader.collate import resolve_eos_id, resolve_pad_id
 from etl.loader.dataset import ParquetDataset
@@ -123,7 +124,7 @@ class ParquetLoader:
         manifest = self.dataset.manifest
         self.seq_len = resolve_seq_len(seq_len, manifest.get("seq_len"), rows.truncation,
                                         splits=pack is not None and (pack.strategy in SPLITTING  # pairs: skipped
-                                                                     or self.dataset.kind == "preference"))
+                                                                     or KINDS[self.dataset.kind].paired))
         self.pad_id = resolve_pad_id(rows.pad_id, manifest)
         self.rank, self.world_size = rank_world(rank, world_size)
         self.skipped_pairs = 0  # packed preference pairs over S, left out (etl.loader.pairs.loader)
@@ -150,7 +151,7 @@ class ParquetLoader:
                              row_options: dict[str, Any]) -> tuple[Any, TorchCollate]:
         """The batch sampler and collate function of the chosen mode: padded rows or packs."""
         rows, pack = self.options.rows, self.options.packing
-        if self.dataset.kind != "sft":  # preference pairs or unpaired completions
+        if self.dataset.pairs:  # preference pairs or unpaired completions
             return pair_sampler_and_collate(self, window=window, num_workers=num_workers, common=common,
                                             row_options=row_options, collate_given=self._collate_given)
         if pack is None:

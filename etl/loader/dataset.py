@@ -29,6 +29,7 @@ from etl.columns import (
     NUM_TOKENS,
 )
 from etl.errors import EtlError
+from etl.kinds import KINDS, SFT
 from etl.loader.pack_request import PackRequest
 from etl.loader.pairs.pack import LabeledPack, PackedPairs, pair_pieces
 from etl.loader.pairs.rows import PairRows, concat_rows, part_columns, read_rows
@@ -83,11 +84,12 @@ class ParquetDataset(torch.utils.data.Dataset):
         self.cache_bytes = int(cache_mb * 2**20)
         schema = pq.read_schema(self.files[0])
         # What a row is: an SFT example, or a preference pair / unpaired completion (`PairRows`).
-        self.kind: str = self.manifest.get(MANIFEST_KIND) or "sft"
-        self.columns = [INPUT_IDS, LOSS_MASK] if self.kind == "sft" else part_columns(self.kind, schema.names)
-        if weights is not False and LOSS_WEIGHT in schema.names and self.kind == "sft":
+        self.kind: str = self.manifest.get(MANIFEST_KIND) or SFT
+        self.pairs = KINDS[self.kind].pair if self.kind in KINDS else True  # part_columns refuses an unknown kind
+        self.columns = part_columns(self.kind, schema.names) if self.pairs else [INPUT_IDS, LOSS_MASK]
+        if weights is not False and LOSS_WEIGHT in schema.names and not self.pairs:
             self.columns.append(LOSS_WEIGHT)
-        missing = [c for c in (INPUT_IDS, LOSS_MASK) if c not in schema.names and self.kind == "sft"]
+        missing = [] if self.pairs else [c for c in (INPUT_IDS, LOSS_MASK) if c not in schema.names]
         if missing:
             raise EtlError(f"{self.files[0]} lacks columns {missing}; rerun `etl run`")
         self._index_row_groups()
@@ -198,7 +200,7 @@ class ParquetDataset(torch.utils.data.Dataset):
         except OSError as exc:  # a page checksum that fails: the part changed after the run
             raise EtlError(f"{self.files[f]}: {exc}; it changed after etl wrote it, rerun `etl run`") from exc
         self.row_group_reads += 1
-        if self.kind != "sft":
+        if self.pairs:
             return read_rows(self.kind, table)
         weight = table.column(LOSS_WEIGHT) if LOSS_WEIGHT in self.columns else None
         return from_arrow(table.column(INPUT_IDS), table.column(LOSS_MASK), weight)

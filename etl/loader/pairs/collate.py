@@ -18,6 +18,7 @@ import numpy as np
 
 from etl.columns import COMPLETION_MASK, INPUT_IDS, LABEL
 from etl.errors import EtlError
+from etl.kinds import PREFERENCE, UNPAIRED
 from etl.loader.collate import collate
 from etl.loader.pairs.rows import PairRows, rows_from_examples
 from etl.ragged import concat
@@ -69,7 +70,7 @@ def collate_pairs(
     Raises:
         EtlError: an empty batch, rows of another kind, a bad mode, or ``width`` too small.
     """
-    rows = _rows(batch, "preference")
+    rows = _rows(batch, PREFERENCE)
     if truncation_mode not in ("keep_start", "keep_end"):
         raise EtlError(f"truncation_mode must be 'keep_start' or 'keep_end', got {truncation_mode!r}")
     if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
@@ -114,7 +115,7 @@ def collate_unpaired(
             ``completion_ids``, optional ``completion_mask``, ``label``.
         strategy, **options: as `etl.loader.collate.collate` (``seq_len``, ``pad_id``, ...).
     """
-    rows = _rows(batch, "unpaired")
+    rows = _rows(batch, UNPAIRED)
     out = collate(rows.join(), strategy=strategy, **options)
     out[LABEL] = np.asarray(rows.label, dtype=bool)
     prompt, completion = rows.parts

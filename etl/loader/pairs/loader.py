@@ -20,6 +20,7 @@ import torch
 
 from etl.columns import LABEL
 from etl.errors import EtlError, EtlWarning
+from etl.kinds import KINDS
 from etl.loader.collate_packed import collate_packed
 from etl.loader.device import TorchCollate, to_torch
 from etl.loader.pack_sampler import PackSampler, make_pack_sampler
@@ -77,7 +78,7 @@ def pair_sampler_and_collate(
                        f"got {pack.strategy!r}")
     if pack is None:
         sampler = loader._make_sampler(window=window, num_workers=num_workers, **common)
-        if ds.kind == "unpaired":
+        if not KINDS[ds.kind].paired:  # unpaired completions (KTO)
             multiple = {"pad_multiple": rows.multiple, "truncation": rows.truncation}  # type: ignore[union-attr]
             return sampler, PairTorchCollate("unpaired", {"strategy": rows.strategy, **row_options, **multiple})
         fixed = collate_given and rows.strategy == "fixed"  # type: ignore[union-attr]
@@ -86,7 +87,7 @@ def pair_sampler_and_collate(
             "truncation_mode": "keep_end" if keep_end else "keep_start",
             "width": loader.seq_len if fixed else None})
     blocks = ds.row_groups if window and common["shuffle"] else 0
-    if ds.kind == "unpaired":
+    if not KINDS[ds.kind].paired:
         sampler = make_pack_sampler(ds, strategy=pack.strategy, seq_len=loader.seq_len, options=pack.packer_options,
                                     blocks=blocks, mix=max(window, 1), truncation=pack.truncation,
                                     rank=loader.rank, world_size=loader.world_size, **common)

@@ -21,6 +21,7 @@ import numpy as np
 
 from etl.columns import COMPLETION_MASK, INPUT_IDS, check_seq_len
 from etl.errors import EtlBug, EtlError
+from etl.kinds import KINDS
 from etl.loader.pack_request import PackRequest
 from etl.loader.pairs.rows import PairRows
 from etl.packing.registry import pack
@@ -64,7 +65,7 @@ def pair_pieces(docs: PairRows, rows: np.ndarray, req: PackRequest) -> PackedPai
         EtlError: a preference piece that is not its whole pair (a packer that splits or cuts).
     """
     taken = docs.take(rows)
-    if taken.kind == "preference":
+    if KINDS[taken.kind].paired:
         if np.any(req.start != 0) or np.any(req.length != taken.lengths):
             raise EtlError(f"prefix-shared packing keeps pairs whole: pack with {PAIR_PACKERS} and a seq_len "
                            "no pair exceeds (the loader skips longer pairs)")
@@ -178,7 +179,7 @@ def collate_pairs_packed(batch: PackedPairs, *, seq_len: int, pad_id: int) -> di
     """
     check_seq_len(seq_len)
     rows = batch.rows
-    if rows.kind != "preference":
+    if not KINDS[rows.kind].paired:
         raise EtlError(f"prefix-shared packing takes preference pairs, got {rows.kind} rows")
     joined = rows.join()  # each pair's [prompt, chosen, rejected], back to back
     it = _items(batch, seq_len, joined.starts)

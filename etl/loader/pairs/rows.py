@@ -17,28 +17,19 @@ import pyarrow as pa
 
 from etl.columns import (
     CHOSEN_IDS,
-    CHOSEN_MASK,
     COMPLETION_IDS,
-    COMPLETION_MASK,
     LABEL,
     PROMPT_IDS,
     REJECTED_IDS,
-    REJECTED_MASK,
 )
 from etl.errors import EtlError
+from etl.kinds import KINDS, PREFERENCE, UNPAIRED
 from etl.ragged import Ragged, concat, from_arrow, range_gather
-
-# Per kind: the (ids, mask) columns of each part, in layout order; the prompt has no mask (never
-# trained). A missing mask column reads as all True (every completion token trained).
-PART_COLUMNS: dict[str, tuple[tuple[str, str | None], ...]] = {
-    "preference": ((PROMPT_IDS, None), (CHOSEN_IDS, CHOSEN_MASK), (REJECTED_IDS, REJECTED_MASK)),
-    "unpaired": ((PROMPT_IDS, None), (COMPLETION_IDS, COMPLETION_MASK)),
-}
 
 
 @dataclass(frozen=True)
 class PairRows:
-    """N rows as parts: ``parts[k]`` holds part k of every row (`PART_COLUMNS` order).
+    """N rows as parts: ``parts[k]`` holds part k of every row (`etl.kinds.Kind.parts` order).
 
     Attributes:
         kind: ``preference`` or ``unpaired``.
@@ -79,7 +70,7 @@ class PairRows:
     def example(self, i: int) -> dict[str, np.ndarray]:
         """Row ``i`` under the data's column names (TRL's: ``prompt_ids``, ``chosen_ids``, ...)."""
         out: dict[str, np.ndarray] = {}
-        for part, (ids_name, mask_name) in zip(self.parts, PART_COLUMNS[self.kind], strict=True):
+        for part, (ids_name, mask_name) in zip(self.parts, KINDS[self.kind].parts, strict=True):
             span = slice(int(part.starts[i]), int(part.starts[i] + part.lengths[i]))
             out[ids_name] = part.ids[span]
             if mask_name is not None:
@@ -125,12 +116,12 @@ def part_columns(kind: str, names: Sequence[str]) -> list[str]:
     Raises:
         EtlError: an unknown kind, or an ids / label column missing.
     """
-    if kind not in PART_COLUMNS:
+    if not (found := KINDS.get(kind)) or not found.pair:
         raise EtlError(f"unknown data kind {kind!r} in the manifest; this etl reads "
-                       f"sft, {', '.join(PART_COLUMNS)}: upgrade etl or rerun `etl run`")
-    wanted = [c for ids, mask in PART_COLUMNS[kind] for c in (ids, mask) if c is not None]
-    wanted += [LABEL] if kind == "unpaired" else []
-    required = [ids for ids, _ in PART_COLUMNS[kind]] + ([LABEL] if kind == "unpaired" else [])
+                       f"{', '.join(KINDS)}: upgrade etl or rerun `etl run`")
+    label = [found.label] if found.label else []
+    wanted = [c for ids, mask in found.parts for c in (ids, mask) if c is not None] + label
+    required = [ids for ids, _ in found.parts] + label
     missing = [c for c in required if c not in names]
     if missing:
         raise EtlError(f"the {kind} data lacks columns {missing}; rerun `etl run`")
@@ -140,11 +131,11 @@ def part_columns(kind: str, names: Sequence[str]) -> list[str]:
 def read_rows(kind: str, table: pa.Table) -> PairRows:
     """A row group's `PairRows` from its columns (zero copy for the ids, masks unpacked once)."""
     parts = []
-    for ids, mask in PART_COLUMNS[kind]:
+    for ids, mask in KINDS[kind].parts:
         has_mask = mask is not None and mask in table.column_names
         parts.append(from_arrow(table.column(ids), table.column(mask) if has_mask else None))
     label = None
-    if kind == "unpaired":
+    if KINDS[kind].label:
         column = table.column(LABEL)
         if column.null_count:
             raise EtlError(f"the unpaired data has {column.null_count} null labels; rerun `etl run`")
@@ -161,12 +152,12 @@ def rows_from_examples(examples: Sequence[Mapping[str, object]]) -> PairRows:
     """
     if not examples:
         raise EtlError("cannot collate an empty batch; check the sampler's batch_size")
-    kind = "preference" if CHOSEN_IDS in examples[0] else "unpaired"
-    if PART_COLUMNS[kind][1][0] not in examples[0] or PROMPT_IDS not in examples[0]:
+    kind = PREFERENCE if CHOSEN_IDS in examples[0] else UNPAIRED
+    if KINDS[kind].parts[1][0] not in examples[0] or PROMPT_IDS not in examples[0]:
         raise EtlError(f"rows need {PROMPT_IDS} and {CHOSEN_IDS}/{REJECTED_IDS} (preference) or "
                        f"{COMPLETION_IDS}/{LABEL} (unpaired); got {sorted(examples[0])}")
     parts = []
-    for ids_name, mask_name in PART_COLUMNS[kind]:
+    for ids_name, mask_name in KINDS[kind].parts:
         ids = [np.asarray(e[ids_name], dtype=np.int64).reshape(-1) for e in examples]
         lengths = np.array([len(i) for i in ids], dtype=np.int64)
         mask = None
@@ -177,5 +168,5 @@ def rows_from_examples(examples: Sequence[Mapping[str, object]]) -> PairRows:
                 raise EtlError(f"`{mask_name}` and `{ids_name}` differ in length in some rows")
         flat = np.concatenate(ids)
         parts.append(Ragged(flat, np.cumsum(lengths) - lengths, lengths, mask))
-    label = np.array([bool(e[LABEL]) for e in examples]) if kind == "unpaired" else None
+    label = np.array([bool(e[LABEL]) for e in examples]) if KINDS[kind].label else None
     return PairRows(kind, tuple(parts), label)
