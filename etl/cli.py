@@ -35,7 +35,7 @@ def _command_modules() -> list[ModuleType]:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The argument parser, one subparser per command module; with `only`, the other commands'
     arguments are left out (`etl stats` then does not build `etl run`'s flags, which import
-    pydantic: ~80 ms of every start)."""
+    pydantic and build the config models: docs/design.md, Start-up)."""
     parser = argparse.ArgumentParser(
         prog="etl",
         description="Columnar SFT data preparation: raw chats -> tokenized Parquet -> batches.",

@@ -211,10 +211,11 @@ def gather_pieces(
 ) -> np.ndarray:
     """sources[piece_source[i]][src_start[i] : src_start[i] + length[i]] for every piece, in order.
 
-    One gather from the concatenated sources (2x faster than a gather and a scatter per
-    source), except that a source of which less than half is kept is first cut down to its
-    kept ranges: concatenating it whole copied a 22 MB message's every id to keep S of them
-    (bench/big_record.py). Copying what is kept twice costs less than copying it all once then.
+    One gather from the concatenated sources (faster than a gather and a scatter per source:
+    docs/design.md, Measured costs), except that a source of which less than half is kept is
+    first cut down to its kept ranges: concatenating it whole copied a 22 MB message's every id
+    to keep S of them (bench/big_record.py). Copying what is kept twice costs less than copying
+    it all once then.
     """
     if len(sources) == 1:
         return sources[0][range_gather(src_start, length)]

@@ -217,7 +217,7 @@ def collate_sft_batch(
         x: (B, T) int64 = ids[:-1]; y: (B, T) int64 = ids[1:] with ignore_index where the
         mask is False; loss_mask: (B, T) bool = mask[1:] (aligned to y).
     """
-    # torch (~1 s): only when a batch is collated
+    # torch (a slow import: docs/design.md, Measured costs): only when a batch is collated
     import torch
 
     for ids, mask in packed:

@@ -132,8 +132,8 @@ def _compare_chunk(source_name: str, good: pa.Table, ctx: Resources, ref: Templa
 def check_pairs(src: str, config: RunConfig, *, limit: int | None = None) -> PairCheckReport:
     """Compare etl's preference pairs on SRC with TRL's `_prepare_dataset` on the same pairs.
 
-    Trade-off: TRL's own code, at its speed (~500 pairs/s), plus one more render per pair to tell
-    whether TRL warned. Nothing is truncated (`seq_len` raised, as for conversations).
+    Trade-off: TRL's own code, at its speed (docs/design.md, Measured costs), plus one more render
+    per pair to tell whether TRL warned. Nothing is truncated (`seq_len` raised, as for conversations).
 
     Raises:
         EtlError: transformers or trl is not installed (the reference is TRL itself).

@@ -92,7 +92,8 @@ class _TransformersRenderer:
         self.description = TRANSFORMERS_PATH.format(version=transformers.__version__)
 
     def ids(self, conversations: Iterable[Conversation]) -> list[list[int]]:
-        # One call per conversation (tools differ per record), as a trainer's map() does: ~1 ms each (Qwen2.5, 5 messages).
+        # One call per conversation (tools differ per record), as a trainer's map() does (its cost:
+        # docs/design.md, Measured costs).
         return [list(self.tokenizer.apply_chat_template(conv.messages, tools=conv.tools or None, tokenize=True,
                                                         return_dict=True)["input_ids"])
                 for conv in conversations]

@@ -84,7 +84,7 @@ def matplotlib_figure() -> Any:
         EtlError: matplotlib is not installed (it is optional: only the report draws).
     """
     try:
-        # matplotlib (~0.3 s): only when a plot is drawn
+        # matplotlib (docs/design.md, Measured costs): only when a plot is drawn
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise EtlError(
@@ -110,7 +110,7 @@ def figure(title: str, draw: Callable[..., None], *args: Any) -> Any:
 
 def draw_lengths(ax: Any, hist: pa.Table, seq_len: int | None) -> None:
     """Examples per length bin, a colour per split; seq_len dashed inside the axis, else named."""
-    # matplotlib (~0.3 s): only when a plot is drawn
+    # matplotlib (docs/design.md, Measured costs): only when a plot is drawn
     from matplotlib.ticker import MaxNLocator
     rows = hist.to_pydict()
     for i, split in enumerate(sorted(set(rows["split"]))):

@@ -31,7 +31,8 @@ def timing_lines(timings: Mapping[str, float], manifest: dict[str, Any]) -> list
     tokenize_plan includes the tokenizer's own time, shown on its own line too; tokenizer
     includes tokenizer_ids (copying ids out of the tokenizer's Python lists into numpy).
     """
-    from etl.cache.encoder import SAVED  # imports polars (~0.1 s): only --timings needs it
+    # etl.cache.encoder imports polars (docs/design.md, Measured costs): only --timings needs it
+    from etl.cache.encoder import SAVED
 
     stages = {name: sec for name, sec in timings.items() if name != SAVED}
     shown = ", ".join(f"{name} {sec:.2f}s" for name, sec in sorted(stages.items(), key=lambda kv: -kv[1]))

@@ -115,9 +115,9 @@ def _uniform_keys(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def trl_rows(records: Sequence[Mapping[str, Any]], tokenizer: Any) -> list[dict[str, Any] | None]:
     """`trl_prepare`'s rows for `records`, None for a pair TRL's preparation raises on.
 
-    One call for them all (~550 pairs/s), or one per pair where a tool call is present (its
-    `arguments` of different shapes would share one struct type, None-filled keys included) or the
-    call for them all raised: ~10 ms a pair, and the pair TRL fails on is told apart.
+    One call for them all, or one per pair where a tool call is present (its `arguments` of
+    different shapes would share one struct type, None-filled keys included) or the call for them
+    all raised: slower (docs/design.md, Measured costs), and the pair TRL fails on is told apart.
     """
     records = _uniform_keys(records)
     calls = any(m.get("tool_calls") for r in records for k in ("prompt", "chosen", "rejected")
@@ -142,7 +142,7 @@ def trl_prepare(records: Sequence[Mapping[str, Any]] | Any, tokenizer: Any, *, n
     No trainer is built (that needs a model): the method is called unbound with a stand-in `self`
     holding what it reads (`_tokenizer`, for the EOS of string pairs) and DPOConfig's fields it
     reads (`dataset_num_proc`, `max_length=None` so nothing is dropped, `truncation_mode`).
-    Trade-off: the exact code TRL runs, at TRL's speed (~550 pairs/s for hh with Qwen2.5, one core).
+    Trade-off: the exact code TRL runs, at TRL's speed (docs/design.md, Measured costs).
 
     Args:
         records: TRL-format pairs (`chosen`, `rejected`, optional `prompt`, `tools`; strings or
@@ -199,7 +199,7 @@ def classify(tokenizer: Any, row: Mapping[str, Any], ours: Pair) -> tuple[str, b
     prompt's text rendered alone is not a prefix of the conversation's, `bpe` when it is. Where
     TRL does not warn, its prompt+completion is apply_chat_template's whole conversation: etl's
     differs from it (`conversation`) or the pair is equal; anything else is `other`. Renders the
-    prompt once more (the warning is not in TRL's output): ~1 ms a pair.
+    prompt once more (the warning is not in TRL's output; its cost: docs/design.md, Measured costs).
     """
     alone_ids, alone, whole = _render(tokenizer, row)
     theirs = (row["prompt_ids"], row["chosen_ids"], row["rejected_ids"])

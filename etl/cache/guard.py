@@ -4,8 +4,8 @@ A full disk (ENOSPC), a quota (EDQUOT), a permission or any other OSError while 
 written, or a symlink below its root (`etl.safe_paths`), turns the cache off for the rest of the
 run with one warning naming its folder; the output is what --no-cache writes. Every write and
 delete below the root goes through the helpers here: they check the path from the root down
-(one `lstat` per component, ~1 us each), open files with O_NOFOLLOW, write to a temporary name
-renamed into place when whole, and remove that temporary file when the write fails.
+(one `lstat` per component: docs/design.md, Measured costs), open files with O_NOFOLLOW, write to
+a temporary name renamed into place when whole, and remove that temporary file when the write fails.
 """
 
 from __future__ import annotations

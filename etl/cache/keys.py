@@ -2,8 +2,8 @@
 
 `distinct` finds repeats by the strings themselves (Polars hashes them and compares equal hashes
 byte by byte), so a batch is never wrong about a repeat. `content_keys` is the cache's key: the
-text's MD5, 128 bits, computed by DuckDB over the Arrow buffers (T0's 60 MB of turns: 0.06 s on 2
-cores; a Python loop over hashlib took 0.14 s, and is a loop per row).
+text's MD5, 128 bits, computed by DuckDB over the Arrow buffers (faster than a Python loop over
+hashlib, which is a loop per row: docs/design.md, Measured costs).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ def distinct(texts: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
     """(row of each distinct text's first occurrence, each row's distinct number), or None when no
     text repeats (then the caller encodes the batch as it is).
 
-    Cost on T0's 110k turns (60 MB): `n_unique` 8 ms; with repeats, the join that numbers every
-    row 40 ms. `pc.dictionary_encode` gives both in one call but took 0.13-0.29 s on one thread.
+    Cost: `n_unique`, and with repeats the join that numbers every row; `pc.dictionary_encode` gives
+    both in one call but took several times longer on one thread (docs/design.md, Measured costs).
     """
     series = pl.Series(TEXT, texts)
     if series.n_unique() == len(series):
@@ -42,11 +42,12 @@ def content_keys(texts: pa.Array, con: duckdb.DuckDBPyConnection) -> np.ndarray:
 
     DuckDB returns `md5_number` as a 128-bit Arrow decimal whose 16 bytes are the digest's
     (tests/cache compare them with hashlib); reading the buffer avoids a second pass for
-    `md5_number_upper`/`_lower` (0.19 s instead of 0.11 s on T0).
+    `md5_number_upper`/`_lower` (docs/design.md, Measured costs).
     """
     if not len(texts):
         return np.zeros((0, 2), np.uint64)
-    table = in_batches(pa.table({TEXT: texts}))  # a batch per core: 0.06 s instead of 0.11 s on T0
+    # A batch per core, hashed in parallel (docs/design.md, Measured costs).
+    table = in_batches(pa.table({TEXT: texts}))
     result = con.from_arrow(table).select(f"md5_number({TEXT}) AS k").to_arrow_table().column(0).combine_chunks()
     raw = np.frombuffer(result.buffers()[1], dtype=np.uint64)
     return raw[2 * result.offset : 2 * (result.offset + len(result))].reshape(-1, 2).copy()

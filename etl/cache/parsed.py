@@ -10,9 +10,9 @@ sha256 is in its name, checked at every read: a damaged file is removed and the 
 A failed write (a full disk, a link below the cache root) turns the cache off for the run
 (`etl.cache.guard`): every chunk is then parsed, as with --no-cache.
 
-On T0 (Qwen2.5, 65 MB of JSONL) the parse was ~1.3 s of the ~4.5 s of CPU of a rerun whose every
-text is in the token cache; reading its 5 chunks back takes ~0.12 s of CPU (zstd: 65 MB of Arrow
-kept as 13 MB on disk).
+The parse was a large share of the CPU of a rerun whose every text is in the token cache; reading
+the parsed chunks back costs a small part of it (T0, Qwen2.5: 65 MB of Arrow kept as 13 MB on disk
+with zstd; the times: docs/design.md, Measured costs).
 """
 
 from __future__ import annotations
@@ -37,13 +37,15 @@ from etl.tokens.tokenizer import BYTES
 
 # Bumped when what a file holds changes meaning: older files are then never read again.
 FORMAT = "etl parsed chunk 1"
-# zstd at its default level: a 16.8 MB T0 chunk is 2.4 MB, written in ~25 ms and read in ~45 ms.
+# zstd at its default level: a 16.8 MB T0 chunk is 2.4 MB (its write and read: docs/design.md,
+# Measured costs).
 OPTIONS = ipc.IpcWriteOptions(compression="zstd")
 
 
 def chunk_key(raw: pa.Table, query: BuilderQuery) -> str:
     """The digest of one raw chunk and of everything its parse depends on (a builder's table is a
-    function of these alone). Buffers are hashed whole with their slice bounds (~10 ms per 16 MiB)."""
+    function of these alone). Buffers are hashed whole with their slice bounds (docs/design.md,
+    Measured costs)."""
     h = hashlib.sha256()
     settings = {"format": FORMAT, "etl": __version__, "duckdb": duckdb.__version__, "sql": query.sql,
                 "params": query.params, "max_record_bytes": query.max_record_bytes, "schema": str(raw.schema)}

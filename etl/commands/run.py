@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                            "or run each source on Ray into its own DST")
         manifest = run_mixture(dst, config, progress=not args.quiet, timings=timings, cache=cache)
     elif args.engine == "ray":
-        # ray (~1 s): only with --engine ray
+        # ray (a slow import: docs/design.md, Measured costs): only with --engine ray
         from etl.engine.ray_run import require_ray
         from etl.engine.ray_run import run as run_ray
 

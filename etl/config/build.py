@@ -25,7 +25,8 @@ from etl.errors import EtlError
 
 # etl.config.schema (the file's checks, the builders' options) imports the input builders, so DuckDB,
 # numpy and pyarrow: it is imported where a config is built, not here, so that `add_flags` (etl run's
-# and etl check-template's --help) costs pydantic only (tests/commands/test_help_imports.py).
+# and etl check-template's --help) costs pydantic and the config models only (their cost:
+# docs/design.md, Start-up; tests/commands/test_help_imports.py).
 
 _KEYS = {attr: k for attr, info in RunConfig.model_fields.items() if (k := key_of(info))}  # attr -> Key
 _COMBINED = {"input.type", "truncation.policy"}  # keys config_from_dict reads itself

@@ -1,10 +1,10 @@
 """Join the Ray cluster at `--ray-address` (or RAY_ADDRESS) within a deadline, or start a local one.
 
-`ray.init` to an address no Ray cluster answers retries for ~14 minutes (Ray 2.60: 20 tries of
-~41 s: 5 s to connect, 5 s to the pubsub, 30 s for the cluster id), inside C++ calls that hold off
-Ctrl-C. So a plain TCP connect comes first (nothing listening fails in milliseconds, with no Ray
-warnings), then `ray.init` runs on a daemon thread that the driver waits for with a deadline: the
-wait is Python's, so Ctrl-C ends it at once, and an attempt past the deadline dies with the process.
+`ray.init` to an address no Ray cluster answers retries for many minutes (Ray's schedule:
+docs/design.md, Measured costs), inside C++ calls that hold off Ctrl-C. So a plain TCP connect
+comes first (nothing listening fails in milliseconds, with no Ray warnings), then `ray.init` runs
+on a daemon thread that the driver waits for with a deadline: the wait is Python's, so Ctrl-C ends
+it at once, and an attempt past the deadline dies with the process.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def connect(address: str | None, *, timeout: float | None = None, quiet: bool = 
     Raises:
         EtlError: one line naming the address and what to do, when no cluster answered in time.
     """
-    # ray (~1 s): only when the Ray engine is used
+    # ray (a slow import: docs/design.md, Measured costs): only when the Ray engine is used
     import ray
 
     timeout = RAY_CONNECT_TIMEOUT_S if timeout is None else timeout
@@ -72,7 +72,8 @@ def connect(address: str | None, *, timeout: float | None = None, quiet: bool = 
     logging.getLogger("ray._private.worker").addFilter(_drop_sigterm_note)
     attempt = _Attempt(lambda: _probe(target, where, advice, timeout=timeout),
                        lambda: _init(address, level, where, advice))
-    # A failed connect is etl's one line: Ray's C++ GCS client logs each retry (~20 lines, 1 s apart).
+    # A failed connect is etl's one line: Ray's C++ GCS client logs a line for each retry
+    # (docs/design.md, Measured costs).
     with held_stderr(replay=not quiet) as hold:
         if attempt.wait(timeout):
             return True
@@ -152,14 +153,15 @@ def _probe(target: str, where: str, advice: str, *, timeout: float) -> None:
 
 def _init(address: str | None, level: int, where: str = "the cluster",
           advice: str = "check --ray-address / RAY_ADDRESS and that the cluster runs (`ray status`)") -> None:
-    # ray (~1 s): only when the Ray engine is used
+    # ray (a slow import: docs/design.md, Measured costs): only when the Ray engine is used
     import ray
 
     try:
         # log_to_driver: with --quiet (level ERROR) no worker prints reach this process
         ray.init(address=address, logging_level=level, log_to_driver=level < logging.ERROR)
     except ConnectionError as exc:
-        # Ray's last try, as text (a traceback in a RuntimeError), after its ~20 s of retries.
+        # Ray's last try, as text (a traceback in a RuntimeError), after its retries (docs/design.md,
+        # Measured costs).
         if "AuthenticationError" in str(exc.__cause__):
             raise EtlError(f"--engine ray: {where} refused this driver's auth token; export RAY_AUTH_MODE=token "
                            "(Ray turns it on by itself only for a cluster it finds locally) and give this user "
@@ -200,7 +202,7 @@ class _Attempt:
         return True
 
     def _work(self) -> None:
-        # ray (~1 s): only when the Ray engine is used
+        # ray (a slow import: docs/design.md, Measured costs): only when the Ray engine is used
         import ray
 
         try:

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from etl.pipeline.resources import Resources
 
 # One actor per CPU of the cluster, each tokenizing with one Rust thread: the Python part of a
-# chunk (plan, assemble, write: ~15% of its time) then runs in parallel too, where one actor with
-# two threads ran it alone (T0 on 2 CPUs: 13.3 s of chunk work against 15.2 s). Each actor
+# chunk (plan, assemble, write) then runs in parallel too, where one actor with two threads ran it
+# alone (less chunk work in all: docs/design.md, Measured costs). Each actor
 # reserves ACTOR_CPUS, the parse tasks' share, so Ray Data fuses the parse into the actor (no
 # object-store round trip of parsed chunks) and leaves room for the read tasks.
 THREADS_PER_ACTOR = 1
@@ -49,7 +49,8 @@ INPUT_PER_PARTITION = 5 << 30
 
 
 def _cpus() -> int:
-    # ray (~1 s): only once the Ray engine runs; require_ray checks it first
+    # ray (slow to import: docs/design.md, Measured costs): only once the Ray engine runs;
+    # require_ray checks it first
     import ray
 
     return int(ray.cluster_resources().get("CPU", 1))
@@ -58,7 +59,8 @@ def _cpus() -> int:
 def _pipeline(sources: list[Source], res: Resources, staging: Path, *, cpus: int, cache: CacheSettings | None,
               identity: dict[str, str]) -> Any:
     """The Ray dataset of per-chunk results (`etl.engine.worker.RESULT_SCHEMA` rows)."""
-    # ray (~1 s): only once the Ray engine runs; require_ray checks it first
+    # ray (slow to import: docs/design.md, Measured costs): only once the Ray engine runs;
+    # require_ray checks it first
     import ray
 
     # polars/duckdb: only once the Ray engine runs
@@ -131,7 +133,8 @@ class RayEngine:
     def start(self, config: RunConfig, sources: list[RunSource], files: list[list[Source]], timings: Timings, *,
               cache: CacheSettings | None, progress: bool) -> Iterator[Resources]:
         """Join (or start) the cluster while the tokenizer loads; a cluster started here stops on leaving."""
-        # ray (~1 s): only once the Ray engine runs; require_ray checks it first
+        # ray (slow to import: docs/design.md, Measured costs): only once the Ray engine runs;
+        # require_ray checks it first
         import ray
         from ray.data import DataContext
 
@@ -139,7 +142,8 @@ class RayEngine:
         from etl.pipeline.resources import build_resources
 
         self.cache, self.timings = cache, timings
-        with ThreadPoolExecutor(max_workers=1) as pool:  # the tokenizer loads while Ray starts (~0.5 s)
+        # The tokenizer loads while Ray starts (docs/design.md, Measured costs).
+        with ThreadPoolExecutor(max_workers=1) as pool:
             loading = pool.submit(build_resources, config, cache=cache)
             owns_ray = connect(self.address, timeout=self.connect_timeout, quiet=not progress)
         # --quiet: Ray's own lines in the run (the driver's C++ core logs, Ray Data's UserWarnings)
@@ -158,7 +162,8 @@ class RayEngine:
     def map_chunks(self, sources: list[RunSource], files: list[list[Source]], res: Resources, parts: PartWriter, *,
                    progress: bool) -> list[Counts]:
         """The workers' parts renamed into `parts`, their counts, cache counts and stage seconds merged."""
-        # ray (~1 s): only once the Ray engine runs; require_ray checks it first
+        # ray (slow to import: docs/design.md, Measured costs): only once the Ray engine runs;
+        # require_ray checks it first
         import ray
 
         # polars/duckdb: only once the Ray engine runs
@@ -207,7 +212,8 @@ __all__ = ["RayEngine", "require_ray", "run"]
 def require_ray() -> None:
     """Fail in one line when Ray is not installed."""
     try:
-        # ray (~1 s): only once the Ray engine runs; require_ray checks it first
+        # ray (slow to import: docs/design.md, Measured costs): only once the Ray engine runs;
+        # require_ray checks it first
         import ray
         import ray.data  # noqa: F401
     except ImportError as exc:

@@ -4,7 +4,8 @@ After the run's manifest, the finished Parquet output is read back and written a
 export (etl.export.token_files) into DST itself: the train split as `DST/<domain>/`, the val split
 as `DST/_val/<domain>/`. One export writer owns them all (`DST/_export.json` lists every file), so
 the next run, or `etl export DST DST`, removes exactly these files; the run's manifest stays as the
-run wrote it. Cost: one read of the data parts (~1 GB/s) and one write of 16 bytes per token (bin).
+run wrote it. Cost: one read of the data parts and one write of 16 bytes per token (bin; the read's
+rate: docs/design.md, Measured costs).
 """
 
 from __future__ import annotations

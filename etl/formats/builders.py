@@ -108,8 +108,8 @@ def warn_unread(con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQue
 
 
 def _run_sql(con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQuery) -> pa.Table:
-    """The query over `raw`, planned once per connection (`etl.formats.prepared`): ~0.06 s of
-    CPU a chunk saved, whatever its size."""
+    """The query over `raw`, planned once per connection (`etl.formats.prepared`): its planning
+    saved on every chunk, whatever its size."""
     if query.compose is not None:
         return query.compose(con, raw, run_builder)
     if raw.num_rows:
@@ -118,9 +118,10 @@ def _run_sql(con: duckdb.DuckDBPyConnection, raw: pa.Table, query: BuilderQuery)
 
 
 # DuckDB scans a registered Arrow table one record batch per thread: cut into a batch per core,
-# T0's chunks parsed in 0.62 s instead of 1.14 s on 2 cores, rows in the same order (DuckDB keeps
-# insertion order). Smaller tables stay whole. The parse now scans a stream, one thread a chunk,
-# in less CPU (`etl.formats.prepared`); the token cache's keys still use this.
+# T0's chunks parsed in about half the time on 2 cores (docs/design.md, Measured costs), rows in
+# the same order (DuckDB keeps insertion order). Smaller tables stay whole. The parse now scans a
+# stream, one thread a chunk, in less CPU (`etl.formats.prepared`); the token cache's keys still
+# use this.
 SPLIT_ROWS = 2048
 
 

@@ -88,7 +88,7 @@ think as (
     -- split off as Qwen3's template does: R is what precedes the first </think>, after the
     -- last <think> before it, newlines trimmed; C follows the last </think>, leading newlines trimmed.
     -- Records without any </think> keep their messages as they are: rebuilding each message's
-    -- struct only to keep it cost ~12% of a chunk of T0 chats.
+    -- struct only to keep it cost a share of a chunk's parse (docs/design.md, Measured costs).
     select
         *,
         case when $parse_think and list_bool_or(list_transform(ss, lambda s: contains(s.text, '</think>')))
@@ -187,7 +187,7 @@ final as (
 select source_line, reason, detail, raw, messages, domain, tools from final"""
 
 # A message's text: the string content, or its text parts joined (a single part is the common
-# case and skips the join, ~40% of this step on LLaMA-Factory v1 data).
+# case and skips the join: docs/design.md, Measured costs).
 TEXT = """(case when p.parts is null then p.m.content ->> '$'
     when len(p.parts) = 1 and list_contains($part_types, p.parts[1].type ->> '$')
         then coalesce(p.parts[1].text, p.parts[1].value) ->> '$'

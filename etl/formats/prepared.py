@@ -1,9 +1,9 @@
 """A builder's query prepared once per DuckDB connection, then run over each raw chunk.
 
-Binding and planning a conversation query (hundreds of lines of SQL, dozens of lambdas) cost
-~0.06 s of CPU every time it ran, whatever the rows: ~0.1 s a chunk with the relation API's
-extra bind, half of a 1,956-record chunk's parse. A prepared statement is planned once; each
-chunk then only runs it (~8 ms for 10 records, ~0.17 s for a 16 MiB chunk of T0 chats).
+Binding and planning a conversation query (hundreds of lines of SQL, dozens of lambdas) cost the
+same CPU every time it ran, whatever the rows: with the relation API's extra bind, half of a
+1,956-record chunk's parse. A prepared statement is planned once; each chunk then only runs it
+(the times: docs/design.md, Measured costs).
 
 A prepared statement holds the object its plan scans, not the name it was looked up by:
 re-registering `raw` for the next chunk would still read the first chunk. So the plan scans a
@@ -35,7 +35,8 @@ _lock = threading.Lock()
 
 
 def _empty() -> pa.Table:
-    """No rows: `Schema.empty_table` imports pandas where it is installed (~0.85 s)."""
+    """No rows: `Schema.empty_table` imports pandas where it is installed (docs/design.md,
+    Measured costs)."""
     return pa.Table.from_batches([], schema=RAW_COLUMNS)
 
 

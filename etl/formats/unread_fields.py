@@ -3,8 +3,8 @@
 The builders' `json_transform` reads only the keys they know, so a field nothing maps (`name`,
 `function_call`, `reasoning_content` under `reasoning_keys: []`) would vanish without a trace.
 `UnreadFields.check` reads the field names of the messages of each file's first SAMPLE_LINES
-records: one more parse of those records only. `bench/unread_fields.py` on T0 as chat: +1.2% to
-parsing one 66 MB file, +1.9% with 110-record files (its worst case, ~1.7 ms a file).
+records: one more parse of those records only, a few percent of the parse at worst
+(`bench/unread_fields.py`; its figures: docs/design.md, Measured costs).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ SAMPLE_LINES = 1000
 BUILTIN_IGNORED = ("id",)
 IGNORE_OPTION = "ignore_fields"
 
-# The fields of the sampled messages not known yet: json_keys, no value is copied (~1.5 ms per
-# 110 chat records, ~3 ms per 1,000). Usually empty: done.
+# The fields of the sampled messages not known yet: json_keys, no value is copied. Usually empty:
+# done.
 CANDIDATES = """
 select list_filter(
     list_distinct(flatten(flatten(list(try(json_keys(line, $messages_path)))))),
@@ -40,7 +40,7 @@ from raw
 where source_line < $sample_lines"""
 
 # Only when there are candidates: per sampled record, its distinct candidate fields that hold
-# something (~3 ms per 110 records, 12 ms per 1,000). JSON null, "", [] and {} lose nothing
+# something. JSON null, "", [] and {} lose nothing
 # (OpenAI exports carry `refusal: null`; Parquet structs give every message every field, null
 # where absent), so they do not count.
 QUERY = """
@@ -75,7 +75,7 @@ def _line_numbers(raw: pa.Table) -> np.ndarray:
     """The chunk's source lines (int64, ascending) read from the Arrow buffers.
 
     Not `to_numpy` nor a compute kernel with a Python scalar: both import pandas where it is
-    installed (~0.85 s, on the prefetch thread during a run's first parse).
+    installed (on the prefetch thread during a run's first parse; docs/design.md, Measured costs).
     """
     parts = [np.zeros(0, np.int64)]
     for chunk in raw.column(SOURCE_LINE).cast(pa.int64()).chunks:

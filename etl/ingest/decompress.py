@@ -163,10 +163,8 @@ def verify(source: Source) -> None:
     member or frame: reading and checking as we go would already have written the records
     before a failed check, altered ("South Korea" became "South Kooea"). So the file is
     decompressed to nowhere first, in bounded memory (`FEED_BYTES`). Cost: a second
-    decompression of every compressed input. Measured on 90 MB of JSON-lines chats (2 shared
-    cores, loaded): the check ran at ~100 MB/s for gzip (zlib's own speed there) and ~350 MB/s
-    for zstd, against 36 s and 23 s for `etl run` of the same files with the bytes tokenizer:
-    ~3% and ~1% more time. The first chunk waits for the check of the first file.
+    decompression of every compressed input, a few percent more time for `etl run` (measured:
+    docs/design.md, Measured costs). The first chunk waits for the check of the first file.
 
     A zstd frame written without a checksum (python-zstandard's default; the `zstd` tool writes
     one unless told not to) can only be checked for a broken structure: the file is read, with

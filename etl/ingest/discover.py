@@ -87,7 +87,7 @@ UNREADABLE_FILE = "unreadable_file"
 # so they are not `incomplete_inputs` (and do not make the exit status 3).
 READ_ELSEWHERE = (SYMLINK_LOOP, ALREADY_READ)
 # Bytes read from each end of a local input for the run's identity (`Source.sample`): two 64 KiB
-# reads, ~0.1 ms a file from the page cache the run then reads it from.
+# reads a file, from the page cache the run then reads it from (docs/design.md, Measured costs).
 SAMPLE_BYTES = 64 << 10
 
 

@@ -61,7 +61,8 @@ def failure(what: str, uri: str, exc: BaseException, *, doing: str) -> EtlError:
 @functools.lru_cache(maxsize=16)
 def filesystem(uri: str, *, what: str = "SRC") -> tuple[FileSystem, str]:
     """(filesystem, path inside it) of a URI, made once per process: a worker opens many files of
-    one SRC, and making an S3 client costs ~20 ms (pyarrow's S3 setup)."""
+    one SRC, and making an S3 client costs pyarrow's S3 setup each time (docs/design.md,
+    Measured costs)."""
     # pyarrow.fs: only for URI inputs
     from pyarrow.fs import FileSystem
 

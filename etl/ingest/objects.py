@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 # Bytes per request when streaming a file: pyarrow's S3 and GCS input streams issue one ranged GET
 # per read, and the reader asks for 64 KiB at a time from a compressed file (RAW_BLOCK), so
-# unbuffered a 1 GB .gz would be ~16,000 requests of ~20-50 ms each; buffered, ~120.
+# unbuffered a 1 GB .gz would be ~16,000 requests, each a round trip to the store (docs/design.md,
+# Measured costs); buffered, ~120.
 STREAM_BUFFER = 8 << 20
 COPY_BLOCK = 8 << 20  # bytes in memory at a time while copying a .json file to local disk
 

@@ -3,7 +3,7 @@
 `etl run` reads and parses chunk k+1 (file I/O and DuckDB, both outside the GIL) while the
 main thread tokenizes chunk k, which fills the gaps the tokenizer leaves on 2 cores. The
 thread starts when the `Prefetch` is made, not when it is first iterated, so the first chunk
-is parsed while the main thread still loads Polars and the tokenizer (~0.4 s with Qwen2.5).
+is parsed while the main thread still loads Polars and the tokenizer (docs/design.md, Start-up).
 """
 
 from __future__ import annotations

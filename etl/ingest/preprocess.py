@@ -41,10 +41,10 @@ select * from final
 
 # Dedup keys live in an open-addressing hash table (linear probing, 0 marks an empty slot) kept
 # at most MAX_LOAD full: 11-23 B per key (1M keys: 16 MiB), a lookup probes ~2-6 slots, and a
-# chunk costs O(its keys): ~3 ms for 10k keys at 1M keys seen (bench/hot_path.py). The sorted
-# array this replaced (8 B per key) went through every key seen so far with each chunk
-# (np.isin, np.union1d): 1-2 s a chunk at 1M keys, quadratic over a run. At 5M keys 0.7 ran as
-# fast as 0.5 with half the table (64 MiB); 0.8 ran 10-40% slower.
+# chunk costs O(its keys) (bench/hot_path.py). The sorted array this replaced (8 B per key) went
+# through every key seen so far with each chunk (np.isin, np.union1d): quadratic over a run. At 5M
+# keys 0.7 ran as fast as 0.5 with half the table (64 MiB); 0.8 ran slower (the times:
+# docs/design.md, Measured costs).
 MAX_LOAD = 0.7
 MIN_SLOTS = 1 << 10
 # Multiplicative (Fibonacci) hashing: the top bits of key * 2^64/phi spread any keys evenly,

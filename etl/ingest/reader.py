@@ -27,8 +27,8 @@ from etl.ingest.objects import local_copy, parquet_file
 
 Progress = Callable[[int], None]
 RAW_SCHEMA = pa.schema([("source_line", pa.int64()), ("line", pa.large_string())])
-# `etl run`'s first chunk of a run: reading and splitting 16 MiB takes ~0.1 s, all of it before the
-# first parse can start; 1 MiB takes ~6 ms, and the next chunk is read while this one parses.
+# `etl run`'s first chunk of a run: all of its reading and splitting comes before the first parse
+# can start, so it is small; the next chunk is read while this one parses (docs/design.md, Start-up).
 FIRST_CHUNK_BYTES = 1 << 20
 
 
@@ -39,7 +39,8 @@ def run_first_bytes(index: int, chunk_bytes: int) -> int | None:
 
 def _numbers(first: int, n: int) -> pa.Array:
     """int64 `first, first + 1, ...` (n of them). `from_buffers`, not `pa.array`: `pa.array`
-    imports pandas where it is installed (~0.15 s, before the first parse could start)."""
+    imports pandas where it is installed, before the first parse could start (docs/design.md,
+    Start-up)."""
     numbers = np.arange(first, first + n, dtype=np.int64)
     return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(numbers)])
 
@@ -66,8 +67,9 @@ def _lines_from_block(block: bytes, first_line: int) -> pa.Table:
 
 
 def is_utf8(block: bytes) -> bool:
-    """Whether the block is valid UTF-8: Arrow's SIMD check (~1 ms per 16 MiB), where `bytes.decode`
-    took ~22 ms and built a str of up to 4 bytes per character only to drop it."""
+    """Whether the block is valid UTF-8: Arrow's SIMD check, many times faster than `bytes.decode`
+    (docs/design.md, Measured costs), which built a str of up to 4 bytes per character only to
+    drop it."""
     offsets = np.array([0, len(block)], dtype=np.int64)
     text = pa.LargeStringArray.from_buffers(1, pa.py_buffer(offsets), pa.py_buffer(block))
     try:
@@ -174,10 +176,10 @@ def _json_objects(source: Source, fmt: str, chunk_bytes: int, first_bytes: int |
     One DuckDB thread: with several, how many records of a damaged file come out before the
     error depends on a race.
     """
-    # duckdb (~0.1 s): only when a file is read through DuckDB
+    # duckdb (docs/design.md, Measured costs): only when a file is read through DuckDB
     import duckdb
 
-    # duckdb (~0.1 s): only when a file is read through DuckDB
+    # duckdb (docs/design.md, Measured costs): only when a file is read through DuckDB
     from etl.formats.builders import connect
 
     con = connect(threads=1)
@@ -242,7 +244,7 @@ PARQUET_BATCH_ROWS = 1024  # at most this many rows converted at a time
 
 
 def _parquet_chunks(source: Source, chunk_bytes: int, first_bytes: int | None) -> Iterator[pa.Table]:
-    # duckdb (~0.1 s): only when a file is read through DuckDB
+    # duckdb (docs/design.md, Measured costs): only when a file is read through DuckDB
     from etl.formats.builders import connect
 
     con = connect(threads=1)

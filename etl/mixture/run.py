@@ -6,8 +6,8 @@ writing its examples to the staging folder (`etl.output.part_writer.StagedParts`
 (`etl.pipeline.driver`) does it as for any run, on the local engine. A source's token count is
 known only once it is tokenized, so the mix comes second: `etl.mixture.shares` sizes each
 source's share and `etl.mixture.resample` rewrites the staged parts into `data` and `turns` with
-each record taken 0, 1 or more times. The second pass costs ~8% of a run (T0 20k chats as two
-sources: 0.45 s of 5.9 s): it reads back and rewrites the compressed token lists once.
+each record taken 0, 1 or more times. The second pass reads back and rewrites the compressed token
+lists once (its cost: docs/mixtures.md).
 
 Accounting per source and in total: read == written + dropped + rejected, where records the
 mixture left out are dropped as `not_drawn` and up-sampled copies are counted apart (`repeated`).

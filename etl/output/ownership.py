@@ -179,8 +179,8 @@ def describe_file(path: Path, root: Path, *, rows: int | None) -> dict[str, Any]
 
 
 def sha256_file(path: Path) -> str:
-    """The hex sha256 of a file's bytes: the one content hash of etl's records (~1.5-2 GB/s a core
-    with SHA-NI, read from the page cache; hashlib releases the GIL, so threads hash in parallel)."""
+    """The hex sha256 of a file's bytes: the one content hash of etl's records (fast with SHA-NI:
+    docs/design.md, Measured costs; hashlib releases the GIL, so threads hash in parallel)."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 

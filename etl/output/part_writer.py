@@ -41,8 +41,8 @@ class PartWriter:
 
     def _next_path(self, folder: str) -> Path:
         """The next part's name (numbered here, on the caller's thread); `reserve` journals it
-        where it is created: the journal's fsync (~50 ms on a VM disk with parts being written)
-        then runs on the write thread, not in the pipeline's path."""
+        where it is created: the journal's fsync (slow on a VM disk with parts being written:
+        docs/design.md, Measured costs) then runs on the write thread, not in the pipeline's path."""
         assert self.output is not None
         number = self.parts[folder]
         self.parts[folder] += 1

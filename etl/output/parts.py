@@ -6,12 +6,11 @@ file, milliseconds), the run identity its footer carries, and its sha256 (a full
 must also agree with the manifest's facts (`etl.output.verify.check_rows`: S, kind, vocabulary). A
 part on disk that the manifest does not list is ignored with a warning.
 
-Cost of the sha256 (`python bench/verify_cost.py DST`, 0.83 GB of parts, 2-core shared dev box, page
-cache): 0.55-1.15 s per GB on one thread, 0.6-0.75 s per GB on up to HASH_THREADS threads (hashlib
-releases the GIL; more cores, more gain); `ParquetDataset` start-up 0.5-0.65 s checked vs 0.05-0.14 s
-without. Each file's digest is kept per process by (device, inode, size, mtime, ctime), so a loader,
-its val split, `etl pack` and stats's several queries in one process hash a part once. Hashing
-happens at open, never per batch: DataLoader workers get the already-checked dataset.
+The sha256 is a full read of every part, on up to HASH_THREADS threads (hashlib releases the GIL;
+more cores, more gain); its cost, measured with `python bench/verify_cost.py DST`, is in
+docs/outputs.md. Each file's digest is kept per process by (device, inode, size, mtime, ctime), so
+a loader, its val split, `etl pack` and stats's several queries in one process hash a part once.
+Hashing happens at open, never per batch: DataLoader workers get the already-checked dataset.
 """
 
 from __future__ import annotations
@@ -36,8 +35,8 @@ from etl.output.parquet import RUN_ID_KEY, identity_keys, part_identity
 from etl.output.verify import check_rows
 
 RERUN = "rerun `etl run` to rewrite it"
-# Threads hashing parts at once: sha256 runs ~1.5-2 GB/s a core, so 8 saturate a local NVMe
-# (~4-7 GB/s) and stay below what a network file system serves in parallel.
+# Threads hashing parts at once: 8 saturate a local NVMe and stay below what a network file system
+# serves in parallel (the rates: docs/design.md, Measured costs).
 HASH_THREADS = 8
 _DIGESTS: dict[tuple[int, ...], str] = {}  # (dev, ino, size, mtime_ns, ctime_ns) -> sha256, this process's
 _DIGESTS_LOCK = threading.Lock()
@@ -192,5 +191,5 @@ def fingerprint(parts: list[Path], dst: str | os.PathLike[str], manifest: dict[s
 
 
 def open_part(path: Path) -> pq.ParquetFile:
-    """A Parquet file whose page checksums are verified as pages are read (~1 GB/s CRC32)."""
+    """A Parquet file whose page checksums (CRC32) are verified as pages are read."""
     return pq.ParquetFile(path, page_checksum_verification=True)

@@ -97,7 +97,8 @@ _Runs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 def _runs(clipped: np.ndarray, seq_len: int) -> _Runs:
     """Items by decreasing length (ties by index) and their runs: (order, length, start, count)."""
     key = seq_len - clipped
-    # 16-bit keys take numpy's radix sort: ~10 ms for 1M items instead of ~80 ms for int64.
+    # 16-bit keys take numpy's radix sort, several times faster than int64's (docs/design.md,
+    # Measured costs).
     order = np.argsort(key.astype(np.uint16) if seq_len < 2**16 else key, kind="stable")
     ordered = clipped[order]
     starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
@@ -148,8 +149,8 @@ def _best_fit(clipped: np.ndarray, seq_len: int, max_docs: int) -> tuple[np.ndar
 def _defer(later: list[list[np.ndarray]], ids: np.ndarray, run: np.ndarray) -> None:
     """Append each bin to ``later[run]`` (``run`` == number of runs: never fits again, dropped).
 
-    A Python step per distinct (run, target run) pair, not per bin: ~50k steps (~30 ms) for 1M
-    T0 lengths at S=2048.
+    A Python step per distinct (run, target run) pair, not per bin: ~50k steps for 1M T0 lengths
+    at S=2048.
     """
     if not len(ids):
         return
@@ -166,7 +167,7 @@ def _first_fit(clipped: np.ndarray, seq_len: int, max_docs: int) -> tuple[np.nda
     """Item-by-item FFD (lowest bin id that fits), computed per run.
 
     Cost: a scan of the live bins per run, O(runs x bins): ~1,600 runs x <=122k bins for 1M T0
-    lengths, ~0.2 s CPU.
+    lengths (the time: docs/design.md, Measured costs).
     """
     order, run_len, run_start, run_count = _runs(clipped, seq_len)
     bins = _Bins(len(clipped), seq_len, max_docs)
@@ -218,9 +219,9 @@ def bfd(
 
     Trade-off: the fewest bins of the whole-example packers (T0, 1M lengths at S=2048: 0.084%
     over ceil(sum / S), as many as TRL 1.16's BFD) in O(N log N) plus a Python step per run
-    (~0.3 s for those 1M); examples lose their order. Windows cost bins: 0.55% over the
-    bound with ``buffer_docs=1000``. An example longer than ``seq_len`` counts as ``seq_len``
-    tokens (one piece of length S; the caller decides which end it keeps).
+    (the time: docs/design.md, Measured costs); examples lose their order. Windows cost bins:
+    0.55% over the bound with ``buffer_docs=1000``. An example longer than ``seq_len`` counts as
+    ``seq_len`` tokens (one piece of length S; the caller decides which end it keeps).
 
     Args:
         lengths: (N,) tokens of every example (>= 1 each).
@@ -249,7 +250,7 @@ def ffd(
 
     Trade-off: as many bins as `bfd` on T0, but not always: [11, 7, 5, 3, 2, 2] at S=15 takes 3
     bins, BFD 2 (the 3 goes to the older, roomier bin). Each run scans the open bins,
-    O(runs x bins): ~0.3 s CPU for 1M T0 lengths. Arguments, clipping and errors as in `bfd`.
+    O(runs x bins) (docs/design.md, Measured costs). Arguments, clipping and errors as in `bfd`.
     """
     del seed
     return _pack(lengths, seq_len, buffer_docs, max_docs_per_bin, best=False)

@@ -196,7 +196,7 @@ def index_table(index: PackIndex) -> pa.Table:
     """The pack index rows of `index` (schema `PACKS_SCHEMA`): one list item per piece.
 
     Vectorized: each list column is its flat piece array under the packs' offsets (no per-pack
-    Python; 1M pieces ~50 ms, most of it the id strings).
+    Python; most of the time is the id strings: docs/design.md, Measured costs).
     """
     p = index.packing
     if index.ids is None:

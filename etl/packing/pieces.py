@@ -58,7 +58,8 @@ class Packing:
     @cached_property
     def _pack_starts(self) -> np.ndarray:
         # Cached: the loader takes B packs per batch from a packing of the whole split, and a
-        # bincount over its pieces (~0.25 ms for T0's 55k) per batch would cost more than the take.
+        # bincount over all its pieces per batch would cost more than the take (docs/design.md,
+        # Measured costs).
         counts = np.bincount(self.pack, minlength=self.num_packs)
         return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
@@ -106,7 +107,7 @@ def held_tokens(packing: Packing, lengths: np.ndarray) -> int:
     """Tokens of the examples that some piece holds, each counted once: the stream packer repeats
     system spans and user headers as extra pieces, and skips tails; a clipped example's cut tokens
     are in no piece. The union of the pieces' ranges laid out as one stream: one argsort of the
-    pieces (~0.1 s per 1M) and a running max, no loop per piece."""
+    pieces and a running max, no loop per piece (docs/design.md, Measured costs)."""
     if len(packing) == 0:
         return 0
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])

@@ -2,8 +2,8 @@
 
 Stream packing with boundary injection needs where each system/user/assistant span lies in its
 example; the `turns` table has it by example `id`. This maps ids to data rows with one hash lookup
-(`pc.index_in`): ~0.35 s per 1M turns of 250k examples in data order as `etl run` writes them,
-~0.8 s shuffled (a lexsort more), and keeps only numpy arrays: 1M turns cost ~33 MB.
+(`pc.index_in`; shuffled rows cost a lexsort more: docs/design.md, Measured costs), and keeps
+only numpy arrays: 1M turns cost ~33 MB.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Bin packing in windows of ``buffer_docs`` documents (a chomp-style packing knob), all windows at once.
 
 One numpy step per rank inside a window, over every window side by side: a per-window call of
-the run-by-run core in `bins.py` costs ~40 ms per 1,000-document window (38 s for 1M lengths).
+the run-by-run core in `bins.py` costs tens of seconds for 1M lengths in windows of 1,000
+(docs/design.md, Measured costs).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ def side_by_side(
     than any opened one, so best fit (smallest fitting capacity, then lowest id) and first fit
     (lowest fitting id) open a new bin exactly when no open bin fits, as the per-item loop does.
     Cost: ``window`` steps over (open bins x windows) cells, ~N x bins per window (1M T0
-    lengths in windows of 1,000: ~1.2e8 cells, ~0.6 s); grows with the square of ``window``.
+    lengths in windows of 1,000: ~1.2e8 cells); grows with the square of ``window``.
     """
     num = -(-len(clipped) // window)
     order = np.lexsort((seq_len - clipped, np.arange(len(clipped)) // window))
@@ -53,9 +54,9 @@ def side_by_side(
 def side_by_side_cheaper(clipped: np.ndarray, seq_len: int, window: int) -> bool:
     """Whether `side_by_side` beats one run-by-run core call per window.
 
-    Cost model measured on T0 at S=2048: a side-by-side cell ~5 ns, a run step ~80 us, so a run
-    costs ~16,000 cells; runs are bounded by min(window, S) (about twice the real count on T0).
-    The switch falls near windows of ~10,000 T0 documents.
+    Cost model measured on T0 at S=2048 (docs/design.md, Measured costs): a run step costs as
+    much as ~16,000 side-by-side cells; runs are bounded by min(window, S) (about twice the real
+    count on T0). The switch falls near windows of ~10,000 T0 documents.
     """
     starts = np.arange(0, len(clipped), window)
     sizes = np.diff(np.append(starts, len(clipped)))

@@ -4,9 +4,8 @@ Each kept turn contributes eight pieces in order (BOS, header, reasoning, conten
 separator, EOS; BOS/EOS only on a conversation's first/last turn). A piece is a range of a source buffer
 plus a training flag; clipping the ranges to the hard-cut window and gathering them in one
 `np.repeat` + `arange` pass gives the flat `input_ids`, and `np.repeat` of the flags gives
-`loss_mask`. Cost is O(tokens) in C (~2 ms from Arrow offsets for 1M per-turn lists, 137M
-tokens); rebuilding them in Polars costs 0.33 s (`agg(list.explode())`) to 3.8 s (`explode` +
-`group_by`).
+`loss_mask`. Cost is O(tokens) in C, far below rebuilding the lists in Polars (`agg(list.explode())`,
+or `explode` + `group_by`; the times: docs/design.md, Measured costs).
 """
 
 from __future__ import annotations
@@ -35,8 +34,9 @@ class Assembled:
     weight: np.ndarray | None = None  # float32 flat: the message weight on trained tokens, else 0
 
     def num_trained(self) -> np.ndarray:
-        # reduceat over uint8 runs ~10x faster than a cumsum of bools (which converts per
-        # element); empty examples would get a neighbour's value, so they are zeroed.
+        # reduceat over uint8 runs faster than a cumsum of bools (which converts per element;
+        # docs/design.md, Measured costs); empty examples would get a neighbour's value, so they
+        # are zeroed.
         lengths = np.diff(self.offsets)
         if not len(lengths):
             return np.zeros(0, np.int32)

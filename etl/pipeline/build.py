@@ -132,8 +132,8 @@ def build_examples(
             bos_len=len(res.bos),
             eos_len=len(res.eos),
             truncation=cfg.truncation,
-            # A chunk fits in memory by design; Polars 2's default streaming engine spent ~15% more
-            # CPU on this plan (a 16 MiB T0 chunk: 0.22 -> 0.19 s) and calls `encode` just as once.
+            # A chunk fits in memory by design; Polars 2's default streaming engine spent more CPU
+            # on this plan (docs/design.md, Measured costs) and calls `encode` just as once.
         ).collect(engine="in-memory")
     with timings.timed("assemble"):
         built = assemble(plan, bos_ids=res.bos, eos_ids=res.eos, system_ids=res.system_ids, weights=res.weights)

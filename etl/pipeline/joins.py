@@ -8,7 +8,7 @@ the content and the header (or the think block) loses its last token: the header
 turn's ids are the run's, exactly, and the straddling token trains with the content, as
 transformers' assistant mask (`char_to_token` of the content's first character) marks it.
 Cost: the lead's few bytes per turn more to tokenize (`assistant\\n`: 10), and one copy of the
-content ids (a range gather, ~1 ms per 4M ids).
+content ids (a range gather; docs/design.md, Measured costs).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def control_texts(tokenizer: object) -> list[str]:
 
 
 @functools.cache
-def _added(path: str) -> tuple[str, ...]:  # once per process: ~1 ms for Qwen2.5's list
+def _added(path: str) -> tuple[str, ...]:  # once per process (docs/design.md, Measured costs)
     return tuple(t["content"] for t in read_added_tokens(Path(path).read_text("utf-8")))
 
 

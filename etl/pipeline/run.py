@@ -7,7 +7,8 @@ must add up, last.
 
 Start-up: this module imports only what parsing needs. The prefetch thread starts parsing
 the first chunk before the per-chunk modules (Polars) are imported and the tokenizer is
-loaded, so those ~0.4 s overlap DuckDB's parse (`etl run --timings` shows `startup`).
+loaded, so those overlap DuckDB's parse (`etl run --timings` shows `startup`; docs/design.md,
+Start-up).
 """
 
 from __future__ import annotations
@@ -122,8 +123,8 @@ def process(sources: list[Source], parsed: Prefetch[Item], state: RunState, *, p
 
 
 def _resources(config: RunConfig, **early: Any) -> Resources:
-    """Import the per-chunk modules (Polars) and load the tokenizer: ~0.4 s with Qwen2.5, which
-    `run` spends while the prefetch thread parses the first chunk."""
+    """Import the per-chunk modules (Polars) and load the tokenizer, which `run` does while the
+    prefetch thread parses the first chunk (docs/design.md, Start-up)."""
     # polars: imported while the first chunk parses
     from etl.pipeline.resources import build_resources
 

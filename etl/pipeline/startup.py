@@ -3,7 +3,7 @@
 Parsing needs neither Polars nor the tokenizer, so `etl run` starts it from what this module
 gives and loads those while DuckDB parses the first chunk (DuckDB runs without the GIL; the
 imports and `Tokenizer.from_str` hold it). Keep this module's imports light: DuckDB, pyarrow,
-numpy and pydantic are all the first parse needs (~0.3 s of the run's start on these machines).
+numpy and pydantic are all the first parse needs (what they cost: docs/design.md, Start-up).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def tune_malloc() -> None:
     heap, where freed memory stays resident, fragmented across the threads' arenas. A fixed
     threshold keeps them in their own mappings, returned on free. Measured on a 5k-chat T0 slice
     repeated 10x (Qwen2.5, 16 MiB chunks): peak RSS 566 -> 534 MiB, and flat from 10x to 50x
-    input. It costs a page fault per 4 KiB of a new big array (~1 ms per 14 MiB).
+    input. It costs a page fault per 4 KiB of a new big array (docs/design.md, Measured costs).
     """
     if not sys.platform.startswith("linux"):
         return

@@ -267,7 +267,7 @@ def headers_cut(turns: pl.DataFrame) -> int:
     The hard cut of `drop_oldest_turns` starts the window inside a turn and `right` ends it inside
     one: the example then holds text without the role header that says who speaks. A short
     seq_len (16) does this to every example; `etl run` warns with this count (one pass over the
-    plan's few integer columns per turn: ~1 ms per 10k turns).
+    plan's few integer columns per turn; docs/design.md, Measured costs).
     """
     lo = pl.col(CUT) - pl.col(POS)  # the window in the turn's own coordinates
     hi = lo + pl.col(WINDOW)

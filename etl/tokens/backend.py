@@ -35,18 +35,17 @@ from etl.tokens.gigatoken_encoder import AUTO, GIGATOKEN, HF
 
 # (flat int32 ids, ids per piece, seconds copying ids): `tokenizers`' encode of some pieces
 Encoded = tuple[np.ndarray, np.ndarray, float]
-# `auto` below this much input (compressed bytes for .gz/.zst) encodes with `tokenizers`: gigatoken
-# costs ~0.5 s to load Qwen2.5 and ~0.15 s at its first call, about what `tokenizers` spends on
-# AUTO_MIN_BYTES of chat JSON on 2 cores (bench/results.md, section 1).
+# `auto` below this much input (compressed bytes for .gz/.zst) encodes with `tokenizers`: loading
+# gigatoken and its first call cost about what `tokenizers` spends on AUTO_MIN_BYTES of chat JSON
+# on 2 cores (docs/design.md, Measured costs; bench/results.md, section 1).
 AUTO_MIN_BYTES = 4 << 20
 # Texts of a run's first encodes that both encoders see before gigatoken is trusted, at most
-# VERIFY_BYTES of them: `tokenizers` encodes ~3 MB/s on 2 cores, so ~0.1 s once per run.
+# VERIFY_BYTES of them: a fraction of a second of `tokenizers` once per run (docs/design.md,
+# Measured costs).
 VERIFY_TEXTS = 2000
 VERIFY_BYTES = 256 << 10
 # Then this share of every later encode's texts (and at most of its bytes; one text at least),
-# spread over the call, so every chunk of the input is sampled. Measured on T0's 110k texts (60 MB)
-# with Qwen2.5 in calls of 10k texts, 2 loaded cores: the check took 0.25 s of the encode's 1.2 s
-# (0.30 MB through both); checking the first 256 KiB alone took 0.19 s. ~1 s more per GB of text.
+# spread over the call, so every chunk of the input is sampled (its cost: docs/tokenizers.md).
 VERIFY_SHARE = 1 / 1024
 # The encoder tag of ids `tokenizers` made: the reference, which any run may be served.
 TOKENIZERS_IDS = "tokenizers"
@@ -90,7 +89,8 @@ class ContentBackend:
             self.preload()
 
     def preload(self) -> None:
-        """Load gigatoken on a thread (~0.5 s for Qwen2.5) so that the first encode finds it ready.
+        """Load gigatoken on a thread so that the first encode finds it ready (its load time:
+        docs/design.md, Measured costs).
         No-op for `hf` or once started."""
         if self.requested == HF or "fast" in self.__dict__ or self._loading is not None:
             return
@@ -132,7 +132,7 @@ class ContentBackend:
         """The encoder tag of gigatoken's ids (its version and the allow-list's), or None where
         gigatoken is not installed. The token cache keeps each encoder's ids apart by this tag."""
         try:
-            version = importlib.metadata.version("gigatoken")  # ~2 ms, without importing it
+            version = importlib.metadata.version("gigatoken")  # without importing it: milliseconds
         except importlib.metadata.PackageNotFoundError:
             return None
         return f"gigatoken {version}, allowed v{allowed.ALLOWED_VERSION}"

@@ -1,6 +1,6 @@
 """gigatoken (PyPI `gigatoken`, a Rust BPE encoder of byte-level and SentencePiece-BPE
 tokenizer.json files) as the content encoder of a Hugging Face tokenizer: the same ids as
-`tokenizers`, 20-50x less time (T0's 40k texts with Qwen2.5: 0.05 s against 3.1 s on 2 cores).
+`tokenizers`, in a small fraction of its time (docs/tokenizers.md).
 
 Content is text (`HFTokenizer._tok`: every added token special, `encode_special_tokens`), and
 gigatoken always matches added tokens' strings to their ids. So gigatoken gets the tokenizer.json
@@ -43,8 +43,8 @@ def load(raw: bytes, name: str) -> Any:
             Unigram model, say); the message says how to go on with `tokenizers`.
     """
     try:
-        # gigatoken and the awkward arrays it returns (~0.2 s of imports): only for a run that
-        # encodes with it, here, on `HFTokenizer.preload`'s thread
+        # gigatoken and the awkward arrays it returns (docs/design.md, Measured costs): only for a
+        # run that encodes with it, here, on `HFTokenizer.preload`'s thread
         import awkward  # noqa: F401
         import gigatoken
     except ImportError as exc:
@@ -60,8 +60,8 @@ def load(raw: bytes, name: str) -> Any:
 
 def without_added_tokens(raw: bytes) -> str:
     """tokenizer.json `raw` with an empty `added_tokens` list: only that list is found
-    (`tokenizer_json.added_tokens_span`; a whole parse and dump of Qwen2.5's 7 MB took ~0.3 s of
-    the run's GIL); any other layout is parsed whole."""
+    (`tokenizer_json.added_tokens_span`; a whole parse and dump of Qwen2.5's 7 MB held the run's
+    GIL: docs/design.md, Measured costs); any other layout is parsed whole."""
     text = raw.decode("utf-8")
     span = added_tokens_span(text)
     if span is not None:
@@ -73,7 +73,7 @@ def without_added_tokens(raw: bytes) -> str:
 
 def _as_awkward(texts: pa.LargeStringArray) -> Any:
     """The strings as an awkward array over the same buffers (no copy): gigatoken's fastest input,
-    2-20x faster than a list of Python strings."""
+    faster than a list of Python strings (docs/design.md, Measured costs)."""
     # awkward: a dependency of gigatoken, imported with it
     import awkward as ak
 
@@ -150,7 +150,7 @@ def needs_reference(texts: pa.LargeStringArray) -> np.ndarray:
     """Indices of the texts that hold a code point Unicode 14 leaves unassigned (see the module).
 
     Decodes only the lead bytes of multi-byte characters (ASCII text costs one comparison a
-    byte): ~20 ms per MiB of CJK text, ~2 ms per MiB of English.
+    byte; docs/design.md, Measured costs).
     """
     offsets = string_offsets(texts)
     data = texts.buffers()[2]

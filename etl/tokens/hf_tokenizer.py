@@ -27,8 +27,9 @@ from etl.tokens.hf_pipeline import as_transformers, describe
 from etl.tokens.token_display import TokenDisplay
 from etl.tokens.tokenizer import IDS_TIMING, as_large_string, offsets_to_list_array
 
-# Strings per encode_batch call: on one huge batch encode_batch_fast ran 1.1-1.7x slower than
-# encode_batch here; chunks of ~1k strings recover that and keep the Rust thread pool busy.
+# Strings per encode_batch call: on one huge batch encode_batch_fast ran slower than encode_batch
+# here (docs/design.md, Measured costs); chunks of ~1k strings recover that and keep the Rust
+# thread pool busy.
 ENCODE_CHUNK = 1024
 # Text bytes per encode_batch call too: the Encoding objects of a call hold ~260 B per token
 # (ids, type ids, token strings, offsets, masks) until their ids are copied out, so a call is
@@ -49,14 +50,13 @@ _IDS = operator.attrgetter("ids")
 def flatten_ids(batch: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     """(flat int32 ids, ids per encoding) of a batch of `tokenizers.Encoding`s.
 
-    `Encoding.ids` builds a Python list of Python ints (~40 ns a token, most of this step;
-    tokenizers has no buffer or numpy output), so the copy is at best one C-level pass over
-    those ints. Making each list only when `np.fromiter` reaches it, and dropping it right
-    after, keeps the ints in cache and holds one list at a time instead of ~40 B per token of
-    the whole batch: 20-30% less CPU than building every list first (bench/hot_path.py, T0's
-    13.7M Qwen2.5 tokens: 1.40 s -> 0.94 s). Building the lists first and converting them with
+    `Encoding.ids` builds a Python list of Python ints (most of this step; tokenizers has no
+    buffer or numpy output), so the copy is at best one C-level pass over those ints. Making
+    each list only when `np.fromiter` reaches it, and dropping it right after, keeps the ints
+    in cache and holds one list at a time instead of ~40 B per token of the whole batch: less
+    CPU than building every list first (bench/hot_path.py), and than converting the lists with
     `pa.array(..., pa.large_list(pa.int32()))`, `np.concatenate` of per-list arrays or
-    `Encoding.merge` measured 15-60% slower than that.
+    `Encoding.merge` (the measurements: docs/design.md, Measured costs).
     """
     lengths = np.fromiter(map(len, batch), dtype=np.int64, count=len(batch))
     ids = itertools.chain.from_iterable(map(_IDS, batch))
@@ -66,10 +66,10 @@ def flatten_ids(batch: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
 class HFTokenizer:
     """A Hugging Face `tokenizers` tokenizer from `tokenizer.json` or a model directory.
 
-    `lazy`: parse tokenizer.json (~0.3 s for Qwen2.5's 7 MB) only when something needs it. The
-    small questions a run asks (special ids, template pieces' ids, vocabulary size) are kept in
-    `answers`, which the token cache saves per tokenizer file (`remember`): a rerun whose every
-    answer and every text is cached never parses it.
+    `lazy`: parse tokenizer.json (Qwen2.5's is 7 MB: docs/token-cache.md) only when something
+    needs it. The small questions a run asks (special ids, template pieces' ids, vocabulary size)
+    are kept in `answers`, which the token cache saves per tokenizer file (`remember`): a rerun
+    whose every answer and every text is cached never parses it.
 
     `backend`: what encodes content (`encode_texts`): `hf` (`tokenizers`), `gigatoken`, or `auto`
     (`content`, a `ContentBackend`, which checks gigatoken against `tokenizers` on each run).
