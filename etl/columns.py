@@ -64,8 +64,8 @@ LOCK_FILE = "_lock"
 # Where `--engine ray` workers write parts before the driver renames them into place (etl.engine).
 STAGING_DIR = "_staging"
 # `--ray-timeout`: seconds `--engine ray` waits for the cluster at `--ray-address` to answer
-# (etl.engine.ray_connect). Joining a healthy one takes ~1-3 s; Ray's own retries run ~14 min.
-# 25 s, so that with start-up (importing ray and ray.data: 1.5-4 s) a run fails within 30 s.
+# (etl.engine.ray_connect). Well above the seconds a healthy cluster takes to join, far below
+# Ray's own ~14 minutes of retries: with start-up a run fails within 30 s (docs/design.md, Measured costs).
 RAY_CONNECT_TIMEOUT_S = 25.0
 SPLITS = ("train", "val")
 # The dataset card `load_dataset(DST)` reads (YAML `configs`: which parts form which split), and
@@ -103,8 +103,8 @@ LOSS_MASK = "loss_mask"
 # an `assistant_masks` column of a tokenized dataset and ignores `loss_mask`, so without it
 # `load_dataset(DST)["train"]` would train every token. Same alignment (mask[i]: input_ids[i] is a
 # target; the model shifts). Bit-packed bools, zstd: +2.1% data bytes on T0 55k with Qwen2.5
-# (chatml, 5% val: 12.24 -> 12.51 MB), +3.4% on HH-RLHF's multi-turn harmless-base test; +0.15 s
-# of background write per 13M tokens.
+# (chatml, 5% val: 12.24 -> 12.51 MB), +3.4% on HH-RLHF's multi-turn harmless-base test; its write
+# cost is in docs/design.md, Measured costs.
 ASSISTANT_MASKS = "assistant_masks"
 LOSS_WEIGHT = "loss_weight"
 NUM_TOKENS = "num_tokens"

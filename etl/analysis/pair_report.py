@@ -215,7 +215,7 @@ def pair_facts(manifest: dict[str, Any], kind: str) -> list[tuple[str, Any]]:
 
 
 def _integer_counts(ax: Any) -> None:
-    # matplotlib (~0.3 s): only when a plot is drawn
+    # matplotlib: only when a plot is drawn (docs/design.md, Imports)
     from matplotlib.ticker import MaxNLocator
 
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts: no 0.25-row ticks

@@ -97,8 +97,8 @@ def _query_parameters(sql: str) -> set[str]:
 def input_files(dst: str | os.PathLike[str], manifest: dict[str, Any] | None = None) -> dict[str, list[str]]:
     """The Parquet files the manifest lists per group (`data`, `turns`, `rejects`), checked.
 
-    sha256 too: DuckDB does not verify Parquet page checksums, and hashing costs ~1 s per GB,
-    less than the queries read on most outputs.
+    sha256 too: DuckDB does not verify Parquet page checksums, and hashing costs less than the
+    queries read on most outputs (docs/outputs.md).
     """
     manifest = manifest if manifest is not None else read_manifest(dst)
     splits = listed_splits(dst, manifest)
@@ -156,7 +156,7 @@ def run_queries(
         EtlError: DST is not a finished output, a name is unknown, an argument is out of range,
             or a query fails on files that do not follow the layout.
     """
-    import duckdb  # ~0.1 s import; only the stats/report paths need it
+    import duckdb  # only the stats/report paths need it (docs/design.md, Imports)
 
     manifest = read_manifest(dst)
     kind = output_kind(manifest)
@@ -187,7 +187,7 @@ def run_query(dst: str | os.PathLike[str], name: str, **options: Any) -> pa.Tabl
 
 
 def _execute(con: Any, name: str, sql: str, values: dict[str, Any]) -> pa.Table:
-    # duckdb (~0.1 s): only the stats/report queries need it
+    # duckdb: only the stats/report queries need it
     import duckdb
 
     used = _query_parameters(sql)

@@ -39,7 +39,7 @@ examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `etl check-template`; --template and --input-type as `etl run` declares them."""
-    # pydantic (~80 ms): only the chosen command's flags are built
+    # pydantic: only the chosen command's flags are built (docs/design.md, Imports)
     from etl.config.build import add_flags
 
     p.add_argument("src", metavar="SRC", help="input file, directory or glob")

@@ -27,8 +27,8 @@ from etl.config.file import (
 from etl.errors import EtlError
 from etl.kinds import kind_of
 
-# 16 MiB of JSON per chunk (~3M Qwen tokens): T0 with Qwen2.5 peaks at ~0.9 GB RSS and runs
-# as fast as with 32 MiB (1.15 GB); 8 MiB saves another 0.2 GB for ~1% of speed.
+# 16 MiB of JSON per chunk (~3M Qwen tokens): T0 with Qwen2.5 peaks at ~0.9 GB RSS, as fast as
+# with 32 MiB (1.15 GB); 8 MiB saves another 0.2 GB at a little speed (docs/design.md, Memory).
 DEFAULT_CHUNK_BYTES = 16 << 20
 # A chunk costs ~12x its size while parsed and assembled (docs/design.md "Memory"): 1 GiB is ~12 GiB at
 # work. --chunk-mb 100000 made the reader ask for one 100 GB block (MemoryError).

@@ -21,7 +21,7 @@ from etl.kinds import PREFERENCE, SFT, UNPAIRED
 from etl.output.ownership import tmp_of
 
 # 1,024 examples per row group: at chat-typical ~500 tokens that is ~2.5 MB of ids+mask, read
-# in a few ms (`read_row_group` of ids + mask: ~11 ms per 1M tokens on a 2-core machine), small
+# in a few ms (docs/design.md, Measured costs), small
 # enough for a per-worker cache of a few groups and large enough that a shuffled batch of 32
 # costs few group reads.
 ROW_GROUP_SIZE = 1024
@@ -136,7 +136,7 @@ def write_part(table: pa.Table, path: Path, *, identity: Mapping[str, str],
                row_group_size: int = ROW_GROUP_SIZE) -> Path:
     """Write one part file atomically: temp name in the same folder, then rename.
 
-    Pages carry CRC32 checksums (~0.1% of the write time), so readers that verify them (the
+    Pages carry CRC32 checksums (a small share of the write time), so readers that verify them (the
     loader, inspect, export) notice a part changed on disk after the manifest listed it.
     `identity` (`identity_keys`) replaces the table's key-value metadata: the footer then names
     the run that wrote it, ~40 bytes per part.

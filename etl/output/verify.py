@@ -6,8 +6,8 @@ template it records and against the parts it lists.
 fails, or whose pad/end-of-turn ids disagree with its template; `check_rows` (called by
 `etl.output.parts.listed_parts` for each data part, after its sha256 matched) refuses a manifest
 whose `seq_len` is below the part's longest row, whose kind is not the part's, or whose vocabulary
-the part's ids exceed. Cost: one sha256 of a few KB of JSON (~50 µs) plus a footer read each part
-(already read for its row count); preference parts read their length columns (4 bytes a row each).
+the part's ids exceed. Cost: one sha256 of a few KB of JSON plus a footer read each part (already
+read for its row count); preference parts read their length columns (4 bytes a row each).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def check_rows(manifest: dict[str, Any], part: Path, meta: pq.FileMetaData, reco
     """The manifest's facts against one data part that matched its sha256: its kind's columns are
     there, no row is longer than S, every id lies inside the vocabulary. From the footer's
     statistics (num_tokens and the ids' min/max: no data read); preference and unpaired parts read
-    their length columns (4 bytes a row each, ~1 ms per 100k rows), as does a part without stats.
+    their length columns (4 bytes a row each), as does a part without stats.
 
     Raises:
         EtlError: one line naming the manifest, the part and the fix.

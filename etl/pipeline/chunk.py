@@ -1,9 +1,9 @@
 """One parsed chunk of one input file through the pipeline: rejects, dedup and split, plan
 (Polars), assemble (numpy), write the `data`, `turns` and `_rejects` parts, and count it all.
 
-`etl.pipeline.run` imports this module only after the first chunk's parse has started: Polars
-and the tokenizer (~0.1 s and ~0.3 s of imports and loading on these machines) then overlap
-DuckDB's parse, which runs without the GIL.
+`etl.pipeline.run` imports this module only after the first chunk's parse has started: importing
+Polars and loading the tokenizer then overlap DuckDB's parse, which runs without the GIL
+(docs/design.md, Start-up).
 """
 
 from __future__ import annotations

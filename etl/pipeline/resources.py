@@ -180,7 +180,7 @@ def run_identity(res: Resources, sources: list[Source]) -> str:
     template and ids, each input's name, size and a sha256 of its two ends: `Source.sample`). A rerun
     of the same input and config gets the same one, so its parts stay byte-identical; the counts
     and the token cache are left out (a cached rerun writes the same bytes). Costs a stat and two
-    64 KiB reads per input (~0.1 ms each: 1,000 inputs add ~0.1 s).
+    64 KiB reads per input (docs/design.md, Measured costs).
     """
     return identity_of({**_settings(res, sources), "input_bytes": [s.size() for s in sources],
                         "input_samples": [sample(s) for s in sources]})
