@@ -29,8 +29,8 @@ from etl.train import (
     token_mean_loss,
 )
 
-from .conftest import random_examples
-from .test_collate_packed import golden
+from tests.loader.conftest import random_examples
+from tests.loader.test_collate_packed import golden
 
 N = IGNORE_INDEX
 GARBAGE = 100.0  # the loss at untrained positions: must never reach a sum

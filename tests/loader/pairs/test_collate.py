@@ -27,7 +27,7 @@ from etl.loader import (
 
 dpo = pytest.importorskip("trl.trainer.dpo_trainer")
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets" / "preference"
+ASSETS = Path(__file__).resolve().parents[2] / "assets" / "preference"
 
 
 def trl(examples: list[dict], **options: object) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ from etl.cli import main
 from etl.errors import EtlError, EtlWarning
 from etl.loader import PackOptions, ParquetLoader
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets" / "preference"
+ASSETS = Path(__file__).resolve().parents[2] / "assets" / "preference"
 
 
 def run(src: Path, out: Path, kind: str, seq_len: int = 256) -> Path:
