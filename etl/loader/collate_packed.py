@@ -102,7 +102,8 @@ def _items(batch: PackedBatch, seq_len: int, width: int) -> np.ndarray:
     last non-empty item loses column S - 1);
     segment (0 on padding); column where the item's segment (or padding) starts; flat index of
     its first cell minus that column; trained; padding; row; first column; a run of x starts.
-    One table, so the ~40 small numpy calls of per-column arrays (~2 us each) become ~15.
+    One table, so the ~40 small numpy calls of per-column arrays become ~15 (each call's overhead:
+    docs/design.md, Measured costs).
     """
     row_len, col, new_seg, base = _pieces(batch, seq_len)
     num = len(col)
@@ -135,8 +136,8 @@ def _grid(
     """Lay the pieces out in rows: (B, S) tokens and rules, (B, T) segments and positions, T =
     ``width`` (S - 1 or S).
 
-    Each per-cell array is one ``np.repeat`` of an item row (10-25 us at B=32, S=2049), ~4x
-    cheaper than gathering through a cell -> item index; temporaries are few (src, tokens).
+    Each per-cell array is one ``np.repeat`` of an item row, cheaper than gathering through a
+    cell -> item index (docs/design.md, Measured costs); temporaries are few (src, tokens).
     """
     it = _items(batch, seq_len, width)
     num_rows = batch.num_rows
@@ -292,8 +293,9 @@ def collate_packed(
 def _fill(values: np.ndarray, keep: np.ndarray, fill: int) -> np.ndarray:
     """int64 ``where(keep, values, fill)`` as a cast, then a masked fill of ``~keep``.
 
-    ~2x faster than np.where on masks made of runs (turn spans, padding: 75 vs 130 us at B=32,
-    T=2048); a random-looking mask would make the masked fill branch-mispredict (~6x slower).
+    Faster than np.where on masks made of runs (turn spans, padding); a random-looking mask would
+    make the masked fill branch-mispredict and run slower than np.where (docs/design.md,
+    Measured costs).
     """
     out = values.astype(np.int64)
     np.copyto(out, fill, where=~keep)

@@ -71,8 +71,9 @@ class ParquetDataset(torch.utils.data.Dataset):
         self.manifest: dict[str, Any] = read_manifest(dst)
         # Exactly the parts the manifest lists, each checked for size, rows, run identity and
         # sha256, and the manifest's S against their longest row (`listed_parts`): the sha256 reads
-        # the split once at open (0.55-1.15 s per GB a core, on up to 8 threads; once per process), never
-        # per batch; workers get this checked object. Page checksums are verified as groups are read.
+        # the split once at open (on up to 8 threads, once per process; its cost: docs/design.md,
+        # Measured costs), never per batch; workers get this checked object. Page checksums are
+        # verified as groups are read.
         self.files = listed_parts(self.dst, f"{DATA_DIR}/{split}", manifest=self.manifest)
         if not self.files:
             raise EtlError(
@@ -209,8 +210,9 @@ class ParquetDataset(torch.utils.data.Dataset):
         """The whole split as one `Ragged` (global rows index it) when it fits in ``cache_mb``.
 
         Packs gather examples from all over the split: on T0 a batch of 32 packs touches ~40 of
-        54 row groups, and a pass per group costs ~0.1 ms of numpy calls, ~4 ms a batch. One
-        gather from the whole split is ~0.1 ms. Size: ~5 bytes a token (T0: 14M tokens, ~75 MB).
+        54 row groups, and a pass per group is a few small numpy calls, so a batch's ~40 passes
+        cost ~40 times one gather from the whole split (docs/design.md, Measured costs). Size:
+        ~5 bytes a token (T0: 14M tokens, ~75 MB).
         """
         if os.getpid() != self._pid:
             self._reset_process_state()

@@ -66,8 +66,8 @@ def weighted_epoch_rows(domain_codes: np.ndarray, weights: np.ndarray, *, num_ro
     times; downsampled, a random subset appears once. Trade-off against drawing rows with
     replacement (`weighted_random_rows`): shares are exact up to rounding and no row repeats
     before every row of its domain has appeared, but the epoch's size is fixed to ``num_rows``.
-    Cost: a stable argsort of the codes and one permutation per cycle, ~N + R elements (55k
-    rows: ~4 ms; 10M: ~1.4 s, a fifth of the block shuffle that follows); a loop per domain.
+    Cost: a stable argsort of the codes and one permutation per cycle, ~N + R elements, well
+    below the block shuffle that follows (docs/design.md, Measured costs); a loop per domain.
 
     Args:
         domain_codes: (R,) int domain code (0..D-1) of every dataset row.
@@ -124,11 +124,11 @@ def weighted_random_rows(
     """`etl.loader.orders.random_rows` with row i drawn with chance `row_probabilities` [i].
 
     Each draw picks a domain by weight, then a row of it uniformly: two draws per row but no
-    search over the rows' CDF (10M draws over 10M rows: ~1.5 s against ~15 s for
-    ``Generator.choice(p=...)``, whose lookups miss the cache). Trade-off against
-    `weighted_epoch_rows`: no epoch structure (any number of batches, rows independent), but
-    shares hold only in expectation (binomial noise, ~1/sqrt(draws)) and a row may repeat while
-    another of its domain is never drawn.
+    search over the rows' CDF, far faster than ``Generator.choice(p=...)``, whose lookups miss
+    the cache (docs/design.md, Measured costs). Trade-off against `weighted_epoch_rows`: no
+    epoch structure (any number of batches, rows independent), but shares hold only in
+    expectation (binomial noise, ~1/sqrt(draws)) and a row may repeat while another of its
+    domain is never drawn.
 
     Returns:
         (num_batches, batch_size) int64 rows; rank None: every rank's, (num_batches, W * B).

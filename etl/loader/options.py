@@ -104,7 +104,8 @@ def rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Explicit values, else the initialized process group, else a single process."""
     if rank is not None and world_size is not None:
         return rank, world_size
-    # Deferred: the option groups import this module and stay torch-free (~1 s of import).
+    # Deferred: the option groups import this module and stay torch-free (torch's import:
+    # docs/design.md, Measured costs).
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

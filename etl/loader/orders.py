@@ -26,9 +26,9 @@ def epoch_order(
     (ideally one per Parquet row group), the block order is permuted, and rows are shuffled inside
     windows of ``mix`` consecutive blocks of that order. A batch then touches at most ``mix`` row
     groups, so a row-group cache of ``mix`` entries reads each group about once per epoch, instead
-    of up to B groups per batch under a full shuffle (~10 ms per 1M tokens each). The price: the
-    rows of one batch come from ``mix`` random row groups, not from the whole split, so keep
-    ``mix`` high enough that a window holds many sources.
+    of up to B groups per batch under a full shuffle (a group read's cost: docs/design.md,
+    Measured costs). The price: the rows of one batch come from ``mix`` random row groups, not
+    from the whole split, so keep ``mix`` high enough that a window holds many sources.
 
     Args:
         num_rows: rows in the split (N).

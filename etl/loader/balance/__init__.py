@@ -28,9 +28,10 @@ class _BalanceFn(Protocol):
 def _deal_snake(costs: np.ndarray, *, world_size: int) -> np.ndarray:
     """Sort each step's items by tokens, deal them round by round, reversing every other round.
 
-    Trade-off: one argsort for the whole epoch (~1 ms for T0's 55k rows), but the rank dealt first
-    in a round keeps the larger item of every pair of rounds, so a heavy tail is balanced poorly
-    (T0, B=8, W=8: mean max/min 1.66 against 3.35 undealt). Fine for mild length spreads.
+    Trade-off: one argsort for the whole epoch (cheap: docs/design.md, Measured costs), but the
+    rank dealt first in a round keeps the larger item of every pair of rounds, so a heavy tail is
+    balanced poorly (T0, B=8, W=8: mean max/min 1.66 against 3.35 undealt). Fine for mild length
+    spreads.
 
     Args:
         costs: (steps, W * B) tokens of each step's items.
@@ -49,8 +50,9 @@ def deal_greedy(costs: np.ndarray, *, world_size: int) -> np.ndarray:
     """Largest item first to the lightest rank that has fewer than B items (LPT with a cap).
 
     Trade-off: a Python loop over the W * B slots of a step (64 at W=8, B=8), each pass numpy over
-    every step of the epoch at once (~10 ms for T0's 862 steps); much better than `_deal_snake` on
-    a heavy tail (T0, B=8: mean 1.14) but never revisits a choice. Arguments as in `_deal_snake`.
+    every step of the epoch at once (docs/design.md, Measured costs); much better than
+    `_deal_snake` on a heavy tail (T0, B=8: mean 1.14) but never revisits a choice. Arguments as
+    in `_deal_snake`.
     """
     steps, n = costs.shape
     per_rank = n // world_size
@@ -78,11 +80,11 @@ def _deal_swap(
     most among those involving the step's heaviest or lightest rank (2W pairs of B x B swaps).
     Both loads stay inside the old (min, max), so no step ever gets worse. The heaviest-lightest
     pair alone is tried first (B x B swaps a step) until it stalls; steps already within
-    ``tolerance`` (max/min) stop. Trade-off: ~0.1-0.2 s for T0's 862 steps at B=8, W=8 (numpy
-    over every step at once, at most ``rounds`` passes a phase), 10-20x `deal_greedy`, for the
-    best balance here (T0, B=8: mean 1.10, worst 1.59 against greedy's 1.14 and 1.60; with
-    ``window=8``: worst 1.011, and 1.038 block-shuffled where swapping with the heaviest and
-    lightest rank only left 1.13). Arguments as in `_deal_snake`.
+    ``tolerance`` (max/min) stop. Trade-off: many times the time of `deal_greedy` (numpy over
+    every step at once, at most ``rounds`` passes a phase; docs/design.md, Measured costs), once
+    an epoch, for the best balance here (T0, B=8: mean 1.10, worst 1.59 against greedy's 1.14
+    and 1.60; with ``window=8``: worst 1.011, and 1.038 block-shuffled where swapping with the
+    heaviest and lightest rank only left 1.13). Arguments as in `_deal_snake`.
     """
     dealt = deal_greedy(costs, world_size=world_size)
     steps, world, per_rank = dealt.shape
@@ -150,7 +152,8 @@ class TokenBalance:
     """How a sampler deals a step's items to ranks: by tokens, B each, the same on every rank.
 
     Attributes:
-        strategy: a key of `BALANCERS` (``swap``: the best balance, ~0.1 s an epoch of 55k rows).
+        strategy: a key of `BALANCERS` (``swap``: the best balance, at the highest cost once an
+            epoch; docs/design.md, Measured costs).
         window: steps whose items are regrouped before dealing (`regroup_steps`) and swapped
             after it where a step stays uneven (`swap_across_steps`); 1 keeps every step's
             items exactly as the unbalanced sampler draws them and only changes their rank

@@ -17,13 +17,13 @@ def regroup_steps(costs: np.ndarray, *, window: int, world_size: int) -> np.ndar
     step g mod k of the window, so step 0 gets the W longest items, step 1 the next W, and so on
     round the window. Every step then holds B groups of near-equal items, which any dealer
     balances across ranks, whereas a step drawn at random may hold one 2048-token row among short
-    ones, which no dealing balances at small B. Trade-off: one argsort of the epoch (~3 ms for
-    T0's 55k rows), but a row moves by fewer than ``window`` steps, a step's rows are no longer a
-    uniform draw (each step is a stratified sample of its window: the W longest rows of a window
-    land in one step), and tokens per step vary more (T0, B=8, W=8, window 8: coefficient of
-    variation 0.29 against 0.15). An item far lighter than its group (bfd's one short pack on T0,
-    1,181 tokens among packs of 2,010-2,048) still leaves its step uneven (1.053): that is
-    `swap_across_steps`'s job. A last window of fewer steps is regrouped alone.
+    ones, which no dealing balances at small B. Trade-off: one argsort of the epoch (cheap:
+    docs/design.md, Measured costs), but a row moves by fewer than ``window`` steps, a step's rows
+    are no longer a uniform draw (each step is a stratified sample of its window: the W longest
+    rows of a window land in one step), and tokens per step vary more (T0, B=8, W=8, window 8:
+    coefficient of variation 0.29 against 0.15). An item far lighter than its group (bfd's one
+    short pack on T0, 1,181 tokens among packs of 2,010-2,048) still leaves its step uneven
+    (1.053): that is `swap_across_steps`'s job. A last window of fewer steps is regrouped alone.
 
     Args:
         costs: (steps, W * B) tokens of each step's items, in epoch order.
@@ -65,8 +65,8 @@ def swap_across_steps(
     the 7 heaviest packs, the 56 lightest on the other 7 ranks). Trade-off: 2 x B x (k x W x B)
     candidate swaps a window and round (8,192 at B=8, W=8, k=8), numpy over the windows still
     uneven at once; real data leaves few windows uneven after the dealer (T0: 1 of 14 packed,
-    50 rounds, ~15 ms; 1-2 of 108 padded, ~2 ms), but where every window is (packs with 1% short
-    ones) it costs ~0.5 s an epoch of 51k items.
+    50 rounds; 1-2 of 108 padded), so it is cheap there, but where every window is (packs with 1%
+    short ones) it costs far more, once an epoch (docs/design.md, Measured costs).
 
     Args:
         costs: (steps, W * B) tokens of each step's items, steps as regrouped.
@@ -91,7 +91,9 @@ def swap_across_steps(
     return flat
 
 
-_CROSS_CELLS = 1 << 16  # candidate swaps at once: 512 KB temporaries, 2x faster than 8 MB ones
+# Candidate swaps at once: 512 KB temporaries, faster than 8 MB ones (docs/design.md,
+# Measured costs).
+_CROSS_CELLS = 1 << 16
 
 
 def _windows(steps: int, window: int) -> list[tuple[int, int, int]]:
