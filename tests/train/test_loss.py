@@ -28,7 +28,6 @@ from etl.train import (
     token_losses,
     token_mean_loss,
 )
-
 from tests.loader.conftest import random_examples
 from tests.loader.test_collate_packed import golden
 
