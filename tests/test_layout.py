@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "etl"
 # Stage families from the bottom up: each may import only those before it (and top-level
 # modules listed before it). What a newcomer should see in `ls etl/`.
 LAYERS = [
-    "errors", "columns", "kinds", "arrow_values", "safe_paths", "ragged", "ui", "formats", "config", "ingest", "tokens", "cache", "output", "packing",
+    "errors", "columns", "kinds", "lazy", "arrow_values", "safe_paths", "ragged", "ui", "formats", "config", "ingest", "tokens", "cache", "output", "packing",
     "pipeline", "mixture", "engine", "analysis", "loader", "train", "export", "sft", "commands", "cli", "__main__",
 ]
 
@@ -82,4 +82,4 @@ def test_top_level_shows_the_stage_families():
     assert {"config", "ingest", "formats", "tokens", "pipeline", "output", "analysis", "ui",
             "loader", "train", "export", "commands", "packing", "mixture"} <= folders
     flat = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert flat == ["__init__", "__main__", "arrow_values", "cli", "columns", "errors", "kinds", "ragged", "safe_paths", "sft"]
+    assert flat == ["__init__", "__main__", "arrow_values", "cli", "columns", "errors", "kinds", "lazy", "ragged", "safe_paths", "sft"]

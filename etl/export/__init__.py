@@ -13,8 +13,7 @@ Names are imported lazily (PEP 562): `EpisodeDataLoader` needs torch, the export
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from etl.lazy import lazy_exports
 
 _EXPORTS = {
     "EpisodeDataLoader": "episode_loader",
@@ -30,7 +29,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'etl.export' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"etl.export.{_EXPORTS[name]}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

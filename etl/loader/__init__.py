@@ -20,8 +20,7 @@ unpaired (KTO) rows: `collate_unpaired` (`etl.loader.pairs`).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from etl.lazy import lazy_exports
 
 _EXPORTS = {
     "ParquetLoader": "dataloader",
@@ -57,9 +56,4 @@ __all__ = list(_EXPORTS)
 # lookup below, so the function is bound here, eagerly. collate.py needs numpy only, not torch.
 from etl.loader.collate import collate as collate
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'etl.loader' has no attribute {name!r}")
-    module = _EXPORTS[name]
-    return getattr(importlib.import_module(module if module.startswith("etl.") else f"etl.loader.{module}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -15,8 +15,7 @@ as `etl.loader`'s are, so ``import etl.train`` alone imports no torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from etl.lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(["token_losses", "trained_positions", "count_trained", "count_examples",
@@ -33,7 +32,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'etl.train' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"etl.train.{_EXPORTS[name]}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
