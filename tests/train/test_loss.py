@@ -4,14 +4,14 @@ hypothesis batches, the real loader's epoch against its raw examples, and a real
 
 from __future__ import annotations
 
-import importlib
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -281,10 +281,19 @@ def _micro_batches() -> list[tuple[torch.Tensor, dict]]:
 
 
 def test_real_ddp_gradient_is_the_step_mean(tmp_path: Path) -> None:
-    # fork: the ranks inherit the imported modules (a spawned rank re-imports torch: ~10 s), so
-    # import here, once, what DDP's constructor imports (torch._dynamo: ~5 s, twice in parallel).
-    importlib.import_module("torch._dynamo")
-    mp.start_processes(_ddp_rank, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, start_method="fork")
+    # The ranks are forked from a fresh interpreter, not from this test worker: a fork after the
+    # worker's own OpenMP / Polars thread pools have run can leave a rank waiting forever on a lock
+    # held by a thread that does not exist in the child (CI hung here for 80 minutes). fork, not
+    # spawn: the ranks inherit the imported modules (a spawned rank re-imports torch: ~10 s), so
+    # the driver imports, once, what DDP's constructor imports (torch._dynamo: ~5 s).
+    driver = (
+        "import importlib, sys, torch.multiprocessing as mp\n"
+        "importlib.import_module('torch._dynamo')\n"
+        "from tests.train.test_loss import _ddp_rank\n"
+        "mp.start_processes(_ddp_rank, args=sys.argv[1:], nprocs=2, start_method='fork')\n"
+    )
+    run = [sys.executable, "-c", driver, str(tmp_path / "store"), str(tmp_path)]
+    subprocess.run(run, check=True, timeout=300, cwd=Path(__file__).parents[2])
     model, micro = _tiny_model(), _micro_batches()
     trained = torch.cat([b["loss_mask"].reshape(-1) for _, b in micro])
     preds = torch.cat([model(f).reshape(-1) for f, _ in micro])
