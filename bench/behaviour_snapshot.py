@@ -40,6 +40,9 @@ BAD_CONFIGS = (
 BAD_FLAGS = (
     ["--seq-len", "3"], ["--chunk-mb", "0"], ["--max-record-mb", "-1"], ["--truncation", "x"],
     ["--input-type", "nope"], ["--pair-fit", "shared"], ["--template", "nope"], ["--tokenizer", "/nope"],
+    ["--seq-len", "3", "--config", str(ROOT / "examples/configs/sft.toml")],
+    ["--truncation", "keep_start", "--config", str(ROOT / "examples/configs/sharegpt.json")],
+    ["--max-record-mb", "0.5", "--chunk-mb", "2000"], ["--no-default-system", "--input-type", "text", "--seq-len", "5"],
 )
 
 
@@ -64,6 +67,10 @@ def _runs() -> dict[str, list[str]]:
                               "--seq-len", "64", "--truncation", "keep_end"],
         "unpaired": [str(PAIRS / "unpaired.jsonl"), "--input-type", "unpaired"],
         "quick_start": [str(ROOT / "tests/assets/quick_start/instruction.jsonl"), "--input-type", "instruction"],
+        "sft_config_and_flags": [str(ROOT / "examples/raw"), "--config", str(ROOT / "examples/configs/sft.toml"),
+                                 "--seq-len", "96", "--no-default-system", "--chunk-mb", "0.01"],
+        "text_flag": [str(ROOT / "tests/assets/quick_start/instruction.jsonl"), "--input-type", "text",
+                      "--seq-len", "32"],
     }
     for name in ("qwen2.5", "qwen3", "phi3"):
         tok = SHARED / f"{name}-tokenizer"
@@ -72,6 +79,8 @@ def _runs() -> dict[str, list[str]]:
             runs[f"pairs_{name}"] = [str(PAIRS / "pairs.jsonl"), "--input-type", "preference", "--tokenizer", str(tok)]
     if (SHARED / "qwen2.5-tokenizer").is_dir():
         runs["mixture"] = ["", "--config", str(ROOT / "examples/configs/mixture.toml")]
+        runs["mixture_flags"] = ["", "--config", str(ROOT / "examples/configs/mixture.toml"), "--seq-len", "96",
+                                 "--truncation", "drop", "--no-default-system", "--template", "hf"]
     return runs
 
 

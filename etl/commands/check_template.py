@@ -61,14 +61,14 @@ def run(args: argparse.Namespace) -> int:
     from etl.analysis.check_template_pairs import check_pairs
     from etl.analysis.check_template_report import nothing_checked, render_text
     from etl.config.build import config_from_args
-    from etl.kinds import PREFERENCE, SFT
+    from etl.kinds import PREFERENCE, SFT, kind_of
 
     if args.limit is not None and args.limit < 1:
         raise EtlError(f"--limit must be 1 or more, got {args.limit}")
     args.seq_len = None  # check_template lifts seq_len itself: nothing may be truncated
     config = config_from_args(args)
     # The reference of each kind: transformers' chat_template, or TRL's DPOTrainer for pairs.
-    check = {SFT: check_template, PREFERENCE: check_pairs}.get(config.kind)
+    check = {SFT: check_template, PREFERENCE: check_pairs}.get(kind_of(config.input_type).name)
     if check is None:
         raise EtlError("check-template compares conversations (with the chat_template) or preference pairs "
                        "(--input-type preference, with TRL's DPOTrainer); not unpaired completions")

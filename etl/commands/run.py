@@ -91,46 +91,50 @@ def run(args: argparse.Namespace) -> int:
     # polars/duckdb/pydantic: after tune_malloc, and not for --help
     from etl.analysis.run_summary import summary_lines, timing_lines
     from etl.cache.folder import CacheSettings
-    from etl.config.build import config_from_args
-    from etl.pipeline.run import run as run_pipeline
+    from etl.config.build import settings_from_args
+    from etl.pipeline.driver import drive
 
-    config = config_from_args(args)
-    src, dst = _locations(args.src, args.dst, mixture=config.mixture is not None)
+    if args.no_cache and args.cache:
+        raise EtlError("--cache and --no-cache contradict each other; pass one")
+    cache = CacheSettings.resolve(args.cache, disabled=args.no_cache, max_gb=args.cache_max_gb)
+    settings = settings_from_args(args)
+    config, timings = settings.config, Counter[str]()
     if config.storage_format == "h5":  # a missing h5py fails before DST is touched, not after the run
         from etl.export.backends import require_h5py
 
         require_h5py()
-    if args.no_cache and args.cache:
-        raise EtlError("--cache and --no-cache contradict each other; pass one")
-    cache = CacheSettings.resolve(args.cache, disabled=args.no_cache, max_gb=args.cache_max_gb)
-    timings: Counter[str] = Counter()
-    if config.mixture is not None:
+    if settings.mixture is not None:
         # polars: only for a mixture
         from etl.mixture.run import run_mixture
 
         if args.engine == "ray":
             raise EtlError("a mixture (sources in the config) runs on the local engine only; drop --engine ray, "
                            "or run each source on Ray into its own DST")
-        manifest = run_mixture(dst, config, progress=not args.quiet, timings=timings, cache=cache)
-    elif args.engine == "ray":
-        # ray (a slow import: docs/design.md, Measured costs): only with --engine ray
-        from etl.engine.ray_run import require_ray
-        from etl.engine.ray_run import run as run_ray
-
-        require_ray()
-        manifest = run_ray(src, dst, config, address=args.ray_address, progress=not args.quiet,
-                           timings=timings, cache=cache, connect_timeout=args.ray_timeout)
+        manifest = run_mixture(settings, progress=not args.quiet, timings=timings, cache=cache)
     else:
-        if args.ray_address or args.ray_timeout is not None:
-            raise EtlError("--ray-address and --ray-timeout need --engine ray")
-        manifest = run_pipeline(src, dst, config, progress=not args.quiet, timings=timings, cache=cache)
+        manifest = drive(settings, _engine(args), progress=not args.quiet, timings=timings, cache=cache)
     if not args.quiet:
-        _print(summary_lines(manifest, dst))
+        _print(summary_lines(manifest, settings.dst))
     if config.storage_format is not None:
-        _print(_export_stage(dst, config, quiet=args.quiet))
+        _print(_export_stage(settings.dst, config, quiet=args.quiet))
     if args.timings:
         _print(timing_lines(timings, manifest))
-    return exit_status(manifest, dst, quiet=args.quiet)
+    return exit_status(manifest, settings.dst, quiet=args.quiet)
+
+
+def _engine(args: argparse.Namespace) -> Any:
+    """The engine `--engine` names: this process, or a Ray cluster (`--ray-address`, `--ray-timeout`)."""
+    if args.engine == "ray":
+        # ray (a slow import: docs/design.md, Measured costs): only with --engine ray
+        from etl.engine.ray_run import RayEngine, require_ray
+
+        require_ray()
+        return RayEngine(args.ray_address, connect_timeout=args.ray_timeout)
+    if args.ray_address or args.ray_timeout is not None:
+        raise EtlError("--ray-address and --ray-timeout need --engine ray")
+    from etl.pipeline.run import LocalEngine
+
+    return LocalEngine()
 
 
 def _export_stage(dst: str, config: Any, *, quiet: bool) -> list[str]:
@@ -147,19 +151,6 @@ def _export_stage(dst: str, config: Any, *, quiet: bool) -> list[str]:
         f"etl run: {config.storage_format} token files of {split}: {sum(d['sequences'] for d in domains.values()):,} "
         f"sequences, {sum(d['tokens'] for d in domains.values()):,} tokens in {len(domains)} domain folder(s) of "
         f"{split_folder(out, split)}" for split, domains in counts.items()]
-
-
-def _locations(src: str | None, dst: str | None, *, mixture: bool) -> tuple[str, str]:
-    """(SRC, DST) from the positionals: a mixture takes its inputs from the config, DST alone."""
-    if mixture:
-        if dst is not None:
-            raise EtlError("the config lists sources, so SRC is left out: etl run --config FILE DST")
-        if src is None:
-            raise EtlError("etl run needs DST: etl run --config FILE DST")
-        return "", src
-    if src is None or dst is None:
-        raise EtlError("etl run needs SRC and DST (or a config that lists sources, and DST); see etl run --help")
-    return src, dst
 
 
 def exit_status(manifest: dict[str, Any], dst: str, *, quiet: bool) -> int:

@@ -17,10 +17,9 @@ from typing import Any
 
 import tomllib
 
-from etl.columns import INPUT_TYPES
-from etl.config.declare import MIB, choices, key_of, not_allowed, optional, show
+from etl.config.declare import MIB, choices, key_of, optional, show
 from etl.config.file import CANONICAL_ROLES, DEFAULT_MASK, FIELD_ROLES, SOURCE_OPTIONS
-from etl.config.run_config import MaskOptions, MixSource, Mixture, RunConfig
+from etl.config.run_config import MaskOptions, Mixture, RunConfig, RunSettings, RunSource
 from etl.errors import EtlError
 
 # etl.config.schema (the file's checks, the builders' options) imports the input builders, so DuckDB,
@@ -100,9 +99,16 @@ def train_roles(mask: dict[str, str], mask_default: str, input_type: str) -> tup
 
 def config_from_dict(doc: dict[str, Any]) -> dict[str, Any]:
     """RunConfig keyword arguments from a parsed config document: the keys it sets, checked."""
-    from etl.config.schema import builder_options, check_file
+    from etl.config.schema import check_file
 
     check_file(doc)
+    return _config_kwargs(doc)
+
+
+def _config_kwargs(doc: dict[str, Any]) -> dict[str, Any]:
+    """RunConfig keyword arguments from a checked document (a source's: made of checked parts)."""
+    from etl.config.schema import builder_options
+
     inp = dict(doc.get("input", {}))
     input_type, pre = inp.pop("type", "chat"), doc.get("preprocessing", {})
     for key in ("min_chars", "max_chars"):  # the declarative schema's text filters: builder options
@@ -158,30 +164,65 @@ def _output_keys(output: dict[str, Any], inp: dict[str, Any], input_type: str) -
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """The run's finished config: defaults < config file (`args.config`) < flags, which a
-    mixture's every source takes too.
+    """The run's own config (a mixture's top level): defaults < config file < flags."""
+    return _read(args)[2]
+
+
+def settings_from_args(args: argparse.Namespace) -> RunSettings:
+    """What `etl run` is asked for: its config (`config_from_args`), a mixture's sources, each
+    with the flags over its own options, and SRC and DST from the positionals (a mixture's SRC is
+    left out).
 
     Raises:
         EtlError: one line naming the first bad key or flag and what is allowed.
     """
-    doc = _load_config_file(args.config) if getattr(args, "config", None) else {}
-    config = _with_flags(config_from_dict(doc) if doc else {}, args)
+    doc, flags, config = _read(args)
+    src, dst = args.src, args.dst
     if doc.get("sources") is None:
-        return config
-    return config.replace(mixture=_mixture(doc, lambda d: _with_flags(config_from_dict(d), args)))
+        if src is None or dst is None:
+            raise EtlError("etl run needs SRC and DST (or a config that lists sources, and DST); see etl run --help")
+        return RunSettings.one(src, dst, config)
+    sources = _sources(doc, lambda d: RunConfig(**_config_kwargs(_with_flags(d, flags)), **_flag_only(flags)))
+    if dst is not None:
+        raise EtlError("the config lists sources, so SRC is left out: etl run --config FILE DST")
+    if src is None:
+        raise EtlError("etl run needs DST: etl run --config FILE DST")
+    return RunSettings(src, sources, config, Mixture(**{k: doc[k] for k in _MIX_KEYS[1:] if k in doc}))
 
 
-def _with_flags(kwargs: dict[str, Any], args: argparse.Namespace) -> RunConfig:
-    if (input_type := getattr(args, "input_type", None)) is not None and input_type not in INPUT_TYPES:
-        raise EtlError(not_allowed("input.type", input_type, sorted(INPUT_TYPES)))  # as a file's is told
-    kwargs = {**kwargs, **flag_values(args)}
-    if getattr(args, "input_type", None) == "text":
-        kwargs["default_system"] = None
-        kwargs.setdefault("truncation", "right")
-        kwargs["mask"] = MaskOptions(train_roles=("text",))
+def _read(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], RunConfig]:
+    """(the config file's document, the flags given, the run's own config): the flags are written
+    into the document at their keys and checked with it, once (etl.config.schema.check_file)."""
+    from etl.config.schema import check_file
+
+    doc = _load_config_file(args.config) if getattr(args, "config", None) else {}
+    flags = flag_values(args)
     if getattr(args, "no_default_system", False):
-        kwargs["default_system"] = None
-    return RunConfig(**kwargs)
+        flags["default_system"] = None
+    top = _with_flags(doc, flags)
+    check_file(top)
+    return doc, flags, RunConfig(**_config_kwargs(top), **_flag_only(flags))
+
+
+def _with_flags(doc: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
+    """The document with each flag's value written at its key (the file's value under it)."""
+    doc = {**doc}
+    for attr, value in flags.items():
+        if (path := _KEYS[attr].path if attr in _KEYS else attr) is None:
+            continue  # a flag-only setting (--chunk-mb): not a key of the file
+        *sections, leaf = path.split(".")
+        if sections == ["truncation"] and not isinstance(doc.get("truncation", {}), dict):
+            doc["truncation"] = {"policy": doc["truncation"]}  # a bare policy name: {policy = name}
+        section = doc
+        for name in sections:
+            inner = section.get(name)
+            section[name] = section = {**inner} if isinstance(inner, dict) else {}
+        section[leaf] = value
+    return doc
+
+
+def _flag_only(flags: dict[str, Any]) -> dict[str, Any]:
+    return {attr: v for attr, v in flags.items() if attr in _KEYS and _KEYS[attr].path is None}
 
 
 def _merged_doc(top: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
@@ -205,7 +246,7 @@ def _merged_doc(top: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _source_name(i: int, entry: dict[str, Any], earlier: list[MixSource]) -> str:
+def _source_name(i: int, entry: dict[str, Any], earlier: list[RunSource]) -> str:
     """Its `name`, or its path's stem without extensions (a folder's name); distinct, file-safe."""
     p = Path(entry["path"].rstrip("/"))
     stem = p.name.split(".")[0] if "." in p.name and not p.name.startswith(".") else p.name
@@ -219,8 +260,8 @@ def _source_name(i: int, entry: dict[str, Any], earlier: list[MixSource]) -> str
     return name
 
 
-def _mixture(doc: dict[str, Any], source_config: Any) -> Mixture:
-    """The mixture a checked document declares; `source_config` makes a source's RunConfig from its
+def _sources(doc: dict[str, Any], source_config: Any) -> tuple[RunSource, ...]:
+    """The sources a checked document declares; `source_config` makes a source's RunConfig from its
     merged document (flags included).
 
     Raises:
@@ -236,13 +277,13 @@ def _mixture(doc: dict[str, Any], source_config: Any) -> Mixture:
                        "(then each source's epochs, default 1, sets how often it is repeated)")
     if not any(weighted) and "mix_total" in doc:
         raise EtlError("config: mix_total sizes a weighted mixture; give the sources weights, or remove it")
-    sources: list[MixSource] = []
+    sources: list[RunSource] = []
     for i, entry in enumerate(entries):
         name = _source_name(i, entry, sources)
         try:
             config = source_config(_merged_doc(doc, entry))
         except EtlError as exc:
             raise EtlError(f"{exc} (in sources[{i}], {name})") from None
-        sources.append(MixSource(name=name, path=entry["path"], domain=entry.get("domain") or name,
-                                 weight=entry.get("weight"), epochs=entry.get("epochs"), config=config))
-    return Mixture(sources=tuple(sources), **{k: doc[k] for k in _MIX_KEYS[1:] if k in doc})
+        sources.append(RunSource(entry["path"], config, name=name, domain=entry.get("domain") or name,
+                                 weight=entry.get("weight"), epochs=entry.get("epochs")))
+    return tuple(sources)

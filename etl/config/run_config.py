@@ -7,10 +7,13 @@ flag); a bad value is an error naming that key. `config_from_args` (etl.config.b
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from pydantic import Field
 
+from etl.columns import DEFAULT_DOMAIN
 from etl.config.declare import Section, Settings, key, setting
 from etl.config.file import (
     ConfigFile,
@@ -24,8 +27,6 @@ from etl.config.file import (
     TokenizerBackend,
     TurnPolicy,
 )
-from etl.errors import EtlError
-from etl.kinds import kind_of
 
 # 16 MiB of JSON per chunk (~3M Qwen tokens): T0 with Qwen2.5 peaks at ~0.9 GB RSS, as fast as
 # with 32 MiB (1.15 GB); 8 MiB saves another 0.2 GB at a little speed (docs/design.md, Memory).
@@ -40,29 +41,18 @@ def at(path: str) -> Any:
     return setting(ConfigFile, path)
 
 
-class MixSource(Section):
-    """One source of a mixture: its name, domain, mixing rule (numbers as written) and run config."""
-
-    name: str
-    path: str
-    domain: str
-    weight: int | float | None
-    epochs: int | float | None
-    config: Any  # its RunConfig
-
-
 class Mixture(Section):
-    """The sources of a mixture and how they are mixed."""
+    """How a mixture's sources are mixed (the sources themselves: `RunSettings.sources`)."""
 
-    sources: tuple[MixSource, ...]
     seed: int = at("seed")
     mix_by: MixBy = at("mix_by")
     mix_total: MixTotal = at("mix_total")
 
-    def to_json(self) -> dict[str, Any]:
-        """For the manifest: each source with its whole config."""
+    def to_json(self, sources: tuple[RunSource, ...]) -> dict[str, Any]:
+        """The manifest's `config.mixture`: each source with its whole config (numbers as written)."""
         return {"seed": self.seed, "mix_by": self.mix_by, "mix_total": self.mix_total,
-                "sources": [{**s.model_dump(exclude={"config"}), "config": s.config.to_json()} for s in self.sources]}
+                "sources": [{"name": s.name, "path": s.path, "domain": s.domain, "weight": s.weight,
+                             "epochs": s.epochs, "config": s.config.to_json()} for s in sources]}
 
 
 class MaskOptions(Settings):
@@ -82,8 +72,8 @@ class RunConfig(Settings):
 
     Two settings follow the tokenizer until the run starts: `template` (`auto`: `hf` for a
     tokenizer with a chat_template, else `ngpt`) and `default_system` when it was not given
-    (not in `model_fields_set`: the template's own). The run's resources resolve both once
-    (`with_template`), so the manifest records what was used, never `auto`.
+    (not in `model_fields_set`: the template's own). The run's plan resolves both once
+    (`etl.pipeline.plan`), so the manifest records what was used, never `auto`.
     """
 
     tokenizer: str = at("tokenizer")
@@ -109,36 +99,10 @@ class RunConfig(Settings):
     max_record_bytes: int = at("preprocessing.max_record_bytes")
     storage_format: StorageFormat | None = at("output.storage_format")
     max_tokens_per_shard: int = at("output.max_tokens_per_shard")
-    mixture: Mixture | None = None  # a mixture's sources, each with its own RunConfig; None: one SRC
-
-    @property
-    def kind(self) -> str:
-        """What one `data` row is (the manifest's `kind`): `sft`, `preference` or `unpaired`, from
-        the input type, or every mixture source's: they must agree (one row schema per output)."""
-        configs = [s.config for s in self.mixture.sources] if self.mixture is not None else [self]
-        kinds = sorted({kind_of(cfg.input_type).name for cfg in configs})
-        if len(kinds) > 1:
-            raise EtlError(f"a mixture's sources give {' and '.join(kinds)} rows; one output holds one kind: "
-                           "mix preference sources with preference sources only (separate runs otherwise)")
-        return kinds[0]
-
     @property
     def domain_key(self) -> str | None:
         """The record key naming each example's domain: the input's `domain_key` option."""
         return self.input_options.get("domain_key")
-
-    def with_template(self, name: str, system: str | None) -> RunConfig:
-        """This config as run with template `name`, whose own default system prompt is `system`:
-        `template` set to `name` and, unless the user gave one (a file, a flag, a source's option),
-        `default_system` to `system`; a mixture's sources likewise. Resolving twice changes nothing."""
-        changes: dict[str, Any] = {"template": name}
-        if "default_system" not in self.model_fields_set:
-            changes["default_system"] = system
-        if self.mixture is not None:
-            sources = tuple(s.model_copy(update={"config": s.config.with_template(name, system)})
-                            for s in self.mixture.sources)
-            changes["mixture"] = self.mixture.model_copy(update={"sources": sources})
-        return self.replace(**changes)
 
     def to_json(self) -> dict[str, Any]:
         """The manifest's `config` (and part of the run's identity): its keys as they have always been.
@@ -146,8 +110,43 @@ class RunConfig(Settings):
         `token_cache.backend` says which encoded the run. So are `storage_format` and
         `max_tokens_per_shard`: the Parquet output is the same with or without token files, which
         the export stage's record (`_export.json`) describes."""
-        body = self.model_dump(exclude={"chunk_bytes", "max_record_bytes", "mixture", "tokenizer_backend",
+        body = self.model_dump(exclude={"chunk_bytes", "max_record_bytes", "tokenizer_backend",
                                         "storage_format", "max_tokens_per_shard"})
         body |= {"domain_key": self.domain_key, "chunk_bytes": self.chunk_bytes,
                  "max_record_bytes": self.max_record_bytes}
-        return body if self.mixture is None else {**body, "mixture": self.mixture.to_json()}
+        return body
+
+
+@dataclass(frozen=True)
+class RunSource:
+    """One input of a run: its SRC and the config its records are read with (a mixture's own
+    input type, masks, truncation, max_items...). In a mixture: `name` prefixes its files' names
+    and ids, `domain` is its records' when they carry no domain key's value, and `weight` and
+    `epochs` (numbers as written) size its share."""
+
+    path: str
+    config: RunConfig
+    name: str = ""
+    domain: str = DEFAULT_DOMAIN
+    weight: int | float | None = None
+    epochs: int | float | None = None
+
+    def named(self, files: list[Any]) -> list[Any]:
+        """Its input files (`etl.ingest.discover.Source`), named `<source>/<file>` in a mixture."""
+        return files if not self.name else [dataclasses.replace(f, name=f"{self.name}/{f.name}") for f in files]
+
+
+class RunSettings(NamedTuple):
+    """What `etl run`'s flags and config file ask for, checked, and nothing resolved yet: DST,
+    the sources (one for SRC; a mixture's, each with its own config), the run's own config (a
+    mixture's top level) and, for a mixture, how its sources are mixed."""
+
+    dst: str
+    sources: tuple[RunSource, ...]
+    config: RunConfig
+    mixture: Mixture | None = None
+
+    @classmethod
+    def one(cls, src: str, dst: str, config: RunConfig) -> RunSettings:
+        """A plain run: SRC read with `config` into DST."""
+        return cls(dst, (RunSource(src, config),), config)

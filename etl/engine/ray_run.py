@@ -20,18 +20,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from etl.cache.folder import CacheSettings
-from etl.config.run_config import RunConfig
+from etl.config.run_config import RunConfig, RunSettings, RunSource
 from etl.engine.ray_connect import connect, held_stderr
 from etl.errors import EtlError
 from etl.ingest.discover import Source
 from etl.output.part_writer import PartWriter, StagedParts
 from etl.pipeline.accounting import Counts, Timings
-from etl.pipeline.driver import RunSource, drive
+from etl.pipeline.driver import drive
 from etl.tokens.backend import settle
 
 if TYPE_CHECKING:
     from etl.cache.parsed import ParsedChunks
+    from etl.pipeline.plan import RunPlan
     from etl.pipeline.resources import Resources
+    from etl.tokens.tokenizer import TextTokenizer
 
 # One actor per CPU of the cluster, each tokenizing with one Rust thread: the Python part of a
 # chunk (plan, assemble, write) then runs in parallel too, where one actor with two threads ran it
@@ -87,7 +89,7 @@ def _pipeline(sources: list[Source], res: Resources, staging: Path, *, cpus: int
         parsed = parsed.join(earlier, "left_outer", num_partitions=partitions, on=("file", "chunk"))
         parsed = parsed.repartition(target_num_rows_per_block=1)
     return parsed.map_batches(
-        ChunkProcessor, fn_constructor_kwargs={"config": for_workers(cfg, size), "sources": sources, "staging": str(staging),
+        ChunkProcessor, fn_constructor_kwargs={"plan": _plan_for_workers(res.plan, size), "sources": sources, "staging": str(staging),
                                                "identity": identity, "threads": THREADS_PER_ACTOR, "cache": cache},
         batch_size=1, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=ACTOR_CPUS,
     )
@@ -103,6 +105,12 @@ def for_workers(config: RunConfig, input_bytes: int | None = None) -> RunConfig:
     if config.tokenizer == "bytes" or not Path(config.tokenizer).exists():
         return config
     return config.replace(tokenizer=str(Path(config.tokenizer).absolute()))
+
+
+def _plan_for_workers(plan: RunPlan, input_bytes: int) -> RunPlan:
+    """The plan as workers need it: every config's tokenizer as `for_workers` gives the run's."""
+    shipped = for_workers(plan.config, input_bytes)
+    return plan.with_changes(tokenizer=shipped.tokenizer, tokenizer_backend=shipped.tokenizer_backend)
 
 
 def worker_error(exc: Exception) -> EtlError:
@@ -130,7 +138,7 @@ class RayEngine:
         return out.absolute(), [[dataclasses.replace(s, path=s.path.absolute()) for s in fs] for fs in files]
 
     @contextlib.contextmanager
-    def start(self, config: RunConfig, sources: list[RunSource], files: list[list[Source]], timings: Timings, *,
+    def start(self, plan: RunPlan, files: list[list[Source]], timings: Timings, *, tokenizer: TextTokenizer | None,
               cache: CacheSettings | None, progress: bool) -> Iterator[Resources]:
         """Join (or start) the cluster while the tokenizer loads; a cluster started here stops on leaving."""
         # ray (slow to import: docs/design.md, Measured costs): only once the Ray engine runs;
@@ -144,7 +152,7 @@ class RayEngine:
         self.cache, self.timings = cache, timings
         # The tokenizer loads while Ray starts (docs/design.md, Measured costs).
         with ThreadPoolExecutor(max_workers=1) as pool:
-            loading = pool.submit(build_resources, config, cache=cache)
+            loading = pool.submit(build_resources, plan, tokenizer=tokenizer, cache=cache)
             owns_ray = connect(self.address, timeout=self.connect_timeout, quiet=not progress)
         # --quiet: Ray's own lines in the run (the driver's C++ core logs, Ray Data's UserWarnings)
         # are held and dropped; `connect` holds its own
@@ -159,7 +167,7 @@ class RayEngine:
                 if owns_ray:
                     ray.shutdown()
 
-    def map_chunks(self, sources: list[RunSource], files: list[list[Source]], res: Resources, parts: PartWriter, *,
+    def map_chunks(self, sources: tuple[RunSource, ...], files: list[list[Source]], res: Resources, parts: PartWriter, *,
                    progress: bool) -> list[Counts]:
         """The workers' parts renamed into `parts`, their counts, cache counts and stage seconds merged."""
         # ray (slow to import: docs/design.md, Measured costs): only once the Ray engine runs;
@@ -203,7 +211,7 @@ def run(
     the token cache each worker reads and fills at that path on its own node (None: none).
     """
     engine = RayEngine(address, connect_timeout=connect_timeout)
-    return drive([RunSource(src, config)], dst, config, engine, progress=progress, timings=timings, cache=cache)
+    return drive(RunSettings.one(src, dst, config), engine, progress=progress, timings=timings, cache=cache)
 
 
 __all__ = ["RayEngine", "require_ray", "run"]

@@ -20,13 +20,13 @@ import numpy as np
 import pyarrow as pa
 
 from etl.cache.folder import CacheSettings
-from etl.config.run_config import RunConfig
 from etl.engine.chunks import CHUNK, FILE, ChunkRow, to_ipc
 from etl.formats.base import BuilderQuery
 from etl.formats.builders import run_builder
 from etl.ingest.discover import Source
 from etl.output.part_writer import StagedParts
 from etl.pipeline.chunk import RunState, process_chunk, reject_file
+from etl.pipeline.plan import RunPlan
 from etl.pipeline.resources import build_resources
 from etl.pipeline.startup import tune_malloc
 
@@ -68,13 +68,13 @@ class EarlierKeys:
 class ChunkProcessor:
     """A Ray actor's state: the run's resources (tokenizer loaded once per actor)."""
 
-    def __init__(self, config: RunConfig, sources: list[Source], staging: str, *, identity: dict[str, str],
+    def __init__(self, plan: RunPlan, sources: list[Source], staging: str, *, identity: dict[str, str],
                  threads: int = 1, cache: CacheSettings | None = None) -> None:
         # The tokenizer's Rust pool reads this when it first runs. Set here, not in a runtime_env:
         # Ray starts a dedicated worker process for each distinct runtime_env.
         os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         tune_malloc()  # the local engine's memory bound on every worker too
-        self.res = build_resources(config, cache=cache)  # the token cache of the worker's node
+        self.res = build_resources(plan, cache=cache)  # the token cache of the worker's node
         self.sources, self.staging = sources, Path(staging)
         # From the driver, not computed here: this config's tokenizer path is made absolute.
         self.identity = identity

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from etl import columns as c
-from etl.config.run_config import Mixture
+from etl.config.run_config import Mixture, RunSource
 from etl.mixture.shares import copies, source_targets
 from etl.mixture.summary import Staged, entry, shares_realised
 from etl.output.part_writer import PartWriter, StagedParts
@@ -32,16 +32,16 @@ DRAW_SQL = "select md5_number_lower($seed || '/mix/' || id) as draw from sizes"
 COPY_MARK = "#"  # copy k > 1 of record `id` is `id#k`
 
 
-def mix_sources(mix: Mixture, staged: StagedParts, before: list[Counts], con: duckdb.DuckDBPyConnection,
-                parts: PartWriter) -> tuple[dict[str, Any], Counts]:
-    """Pass two: size each source's share, draw its records, write the mixed parts; the
-    manifest's `mixture` section and the run's counts."""
-    sources = [_read_staged(staged, s.name) for s in mix.sources]
+def mix_sources(mix: Mixture, inputs: tuple[RunSource, ...], staged: StagedParts, before: list[Counts],
+                con: duckdb.DuckDBPyConnection, parts: PartWriter) -> tuple[dict[str, Any], Counts]:
+    """Pass two: size each of the sources' (`inputs`) share, draw its records, write the mixed
+    parts; the manifest's `mixture` section and the run's counts."""
+    sources = [_read_staged(staged, s.name) for s in inputs]
     units = [s.units(mix.mix_by) for s in sources]
-    weighted = mix.sources[0].weight is not None
-    weights = np.array([s.weight or 0.0 for s in mix.sources]) if weighted else None
+    weighted = inputs[0].weight is not None
+    weights = np.array([s.weight or 0.0 for s in inputs]) if weighted else None
     default_epochs = np.inf if weighted else 1.0
-    epochs = np.array([default_epochs if s.epochs is None else s.epochs for s in mix.sources])
+    epochs = np.array([default_epochs if s.epochs is None else s.epochs for s in inputs])
     targets, shares = source_targets(np.array([u.sum() for u in units]), weights=weights, epochs=epochs,
                                      total=mix.mix_total)
     taken = []
@@ -50,9 +50,9 @@ def mix_sources(mix: Mixture, staged: StagedParts, before: list[Counts], con: du
             cp = copies(rows, draws(con, source.sizes, mix.seed), float(target))
             _write_mixed(source, cp, parts)
             taken.append(cp)
-    entries = [entry(s, src, cp, n, mix.mix_by) for s, src, cp, n in zip(mix.sources, sources, taken, before,
+    entries = [entry(s, src, cp, n, mix.mix_by) for s, src, cp, n in zip(inputs, sources, taken, before,
                                                                             strict=True)]
-    shares_realised(entries, shares, mix)
+    shares_realised(entries, shares, weighted=weighted)
     total = Counts(repeated=0)
     for line in entries:
         total.add(line.pop("_counts"))

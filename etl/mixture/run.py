@@ -19,11 +19,11 @@ import functools
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from etl.config.run_config import Mixture, RunConfig
+from etl.config.run_config import Mixture, RunSettings, RunSource
 from etl.errors import EtlError
 from etl.output.part_writer import PartWriter, StagedParts
 from etl.pipeline.accounting import Counts
-from etl.pipeline.driver import RunSource, drive
+from etl.pipeline.driver import drive
 from etl.pipeline.run import LocalEngine
 
 if TYPE_CHECKING:
@@ -35,30 +35,29 @@ __all__ = ["run_mixture"]
 
 
 def run_mixture(
-    dst: str, config: RunConfig, *, progress: bool = True, timings: Counter[str] | None = None,
+    settings: RunSettings, *, progress: bool = True, timings: Counter[str] | None = None,
     cache: CacheSettings | None = None,
 ) -> dict[str, Any]:
-    """Run a mixture (`config.mixture`) into DST; returns the manifest it wrote (`cache` as `run`'s)."""
-    mix = config.mixture
-    assert mix is not None
-    _check_schemas(mix)
-    sources = [RunSource(s.path, s.config, name=s.name, domain=s.domain) for s in mix.sources]
-    return drive(sources, dst, config, LocalEngine(), mix=functools.partial(_mix, mix), progress=progress,
-                 timings=timings, cache=cache)
+    """Run a mixture (`settings.mixture`, its sources `settings.sources`) into its DST; returns
+    the manifest it wrote (`cache` as `run`'s)."""
+    assert settings.mixture is not None
+    _check_schemas(settings.sources)
+    mix = functools.partial(_mix, settings.mixture, settings.sources)
+    return drive(settings, LocalEngine(), mix=mix, progress=progress, timings=timings, cache=cache)
 
 
-def _check_schemas(mix: Mixture) -> None:
+def _check_schemas(sources: tuple[RunSource, ...]) -> None:
     """The sources' data parts share one schema: loss_weight on all of them or none."""
-    weighted = {bool(s.config.input_options.get("weight_key")) for s in mix.sources}
+    weighted = {bool(s.config.input_options.get("weight_key")) for s in sources}
     if len(weighted) > 1:
         raise EtlError("config: input.weight_key is set on some sources only; set it on every source or "
                        "none (the data files of a run share one schema)")
 
 
-def _mix(mix: Mixture, staged: StagedParts, before: list[Counts], con: duckdb.DuckDBPyConnection,
-         parts: PartWriter) -> tuple[dict[str, Any], Counts]:
+def _mix(mix: Mixture, sources: tuple[RunSource, ...], staged: StagedParts, before: list[Counts],
+         con: duckdb.DuckDBPyConnection, parts: PartWriter) -> tuple[dict[str, Any], Counts]:
     """Pass two (`etl.pipeline.driver.SecondPass`): the manifest's `mixture` section and the run's counts."""
     # Polars: imported at pass two, not before the first chunk's parse starts
     from etl.mixture.resample import mix_sources
 
-    return mix_sources(mix, staged, before, con, parts)
+    return mix_sources(mix, sources, staged, before, con, parts)

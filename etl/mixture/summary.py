@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from etl import columns as c
-from etl.config.run_config import MixSource, Mixture
+from etl.config.run_config import RunSource
 from etl.pipeline.accounting import Counts
 
 NOT_DRAWN = "not_drawn"  # drop reason of the records a mixture's down-sampling left out
@@ -45,7 +45,7 @@ class Staged:
 
 
 
-def entry(source: MixSource, staged: Staged, cp: np.ndarray, counts: Counts, mix_by: str) -> dict[str, Any]:
+def entry(source: RunSource, staged: Staged, cp: np.ndarray, counts: Counts, mix_by: str) -> dict[str, Any]:
     """A source's line of the manifest's mixture: what it had, what the mix kept, its counts."""
     kept = cp > 0
     truncated = staged.sizes.column(c.TRUNCATED).to_numpy(zero_copy_only=False)
@@ -64,22 +64,22 @@ def entry(source: MixSource, staged: Staged, cp: np.ndarray, counts: Counts, mix
             "_units": int(units_after), "_counts": after}
 
 
-def shares_realised(entries: list[dict[str, Any]], shares: np.ndarray, mix: Mixture) -> None:
+def shares_realised(entries: list[dict[str, Any]], shares: np.ndarray, *, weighted: bool) -> None:
     """Requested and realised shares of each source, and a one-line note where they differ."""
     units = np.array([e.pop("_units") for e in entries], dtype=np.float64)
     realised = units / units.sum() if units.sum() else np.zeros_like(units)
     for entry, want, got in zip(entries, shares, realised, strict=True):
         entry["requested_share"], entry["realised_share"] = round(float(want), 4), round(float(got), 4)
         entry["share_met"] = bool(abs(got - want) <= SHARE_TOLERANCE)
-        entry["note"] = _note(entry, float(want), mix)
+        entry["note"] = _note(entry, float(want), weighted=weighted)
 
 
-def _note(entry: dict[str, Any], share: float, mix: Mixture) -> str | None:
+def _note(entry: dict[str, Any], share: float, *, weighted: bool) -> str | None:
     """What to tell the user about a source whose share needed repeating, or was not met."""
     repeat, name, realised = entry["repeat"], entry["name"], entry["realised_share"]
     if repeat is None:
         return f"source {name} has no examples to mix; the other sources keep their proportions"
-    if mix.sources[0].weight is None:
+    if not weighted:
         return None
     if not entry["share_met"] and entry["epochs"] is not None:
         return (f"source {name} is too small for its {share:.1%} share within epochs={entry['epochs']:g}: "

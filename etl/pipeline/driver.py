@@ -1,35 +1,35 @@
 """The one run driver: a plain run, a mixture and a run on Ray all go through `drive`.
 
-A run is a list of sources (`RunSource`; a plain run is a mixture of one) and an engine that maps
-their chunks to parts (`LocalEngine` in `etl.pipeline.run`, `RayEngine` in `etl.engine.ray_run`).
+A run is its settings (`RunSettings`: DST and a list of sources, a plain run being a mixture of
+one) and an engine that maps their chunks to parts (`LocalEngine` in `etl.pipeline.run`, `RayEngine` in `etl.engine.ray_run`).
 `drive` takes the same four steps for every run:
 
 1. prepare: DST's folder, each source's input files, the token cache apart from both, DST
    writable by etl; an error here comes in milliseconds, before the tokenizer loads or Ray starts;
-2. start: the engine loads the run's resources (the local engine parses the first chunk meanwhile);
+2. plan and start: the run's plan is resolved once (etl.pipeline.plan: the template chosen, every
+   source's config resolved), then the engine loads the run's resources (the local engine parses
+   the first chunk meanwhile);
 3. map: under DST's lock, the engine runs every chunk of every source through the pipeline into
    parts: in place, or staged when a second pass (a mixture's) reads them back and rewrites them;
 4. finish: the second pass, the empty rejects part, the dataset card, and the manifest last: the
    run is finished only then (a crash before it leaves the journal, and the next run cleans up).
 
-The driver gets a finished, frozen `RunConfig`; it reads no flags and no config files.
+The driver gets finished, frozen settings; it reads no flags and no config files.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from etl import columns as c
 from etl.cache.apart import check_apart
-from etl.config.run_config import RunConfig
+from etl.config.run_config import RunConfig, RunSettings, RunSource
 from etl.errors import EtlError
 from etl.ingest.discover import Source, discover, is_uri, source_root
 from etl.ingest.location import local_or_none, local_path
@@ -40,6 +40,7 @@ from etl.output.parquet import REJECTS_SCHEMA, identity_keys
 from etl.output.part_writer import PartWriter, StagedParts
 from etl.output.writer import OutputWriter
 from etl.pipeline.accounting import Counts, Timings
+from etl.pipeline.plan import RunPlan, load_plan
 from etl.safe_paths import check_no_symlink
 
 if TYPE_CHECKING:
@@ -48,26 +49,9 @@ if TYPE_CHECKING:
     from etl.cache.folder import CacheSettings
     from etl.cache.parsed import ParsedChunks
     from etl.pipeline.resources import Resources
+    from etl.tokens.tokenizer import TextTokenizer
 
-__all__ = ["RunSource", "SecondPass", "drive"]
-
-
-@dataclass(frozen=True)
-class RunSource:
-    """One source of a run: its SRC and the config its records are read with (a mixture's own
-    input type, masks, truncation, max_items...). `name` prefixes its files' names (a mixture's;
-    "" in a plain run); `domain`: its records' when they carry no domain key's value."""
-
-    path: str
-    config: RunConfig
-    name: str = ""
-    domain: str = c.DEFAULT_DOMAIN
-
-    def named(self, files: list[Source]) -> list[Source]:
-        """Its input files, named `<source>/<file>` in a mixture (their records' `source_file`)."""
-        if not self.name:
-            return files
-        return [dataclasses.replace(f, name=f"{self.name}/{f.name}") for f in files]
+__all__ = ["SecondPass", "drive"]
 
 
 class _Engine(Protocol):
@@ -79,12 +63,13 @@ class _Engine(Protocol):
         """DST and the input files as the engine's workers open them."""
         ...
 
-    def start(self, config: RunConfig, sources: list[RunSource], files: list[list[Source]], timings: Timings, *,
+    def start(self, plan: RunPlan, files: list[list[Source]], timings: Timings, *, tokenizer: TextTokenizer | None,
               cache: CacheSettings | None, progress: bool) -> AbstractContextManager[Resources]:
-        """Load the run's resources (and start on the first source); leaving it stops what it started."""
+        """Load the run's resources (`tokenizer`: loaded with the plan already) and start on the
+        first source; leaving it stops what it started."""
         ...
 
-    def map_chunks(self, sources: list[RunSource], files: list[list[Source]], res: Resources, parts: PartWriter, *,
+    def map_chunks(self, sources: tuple[RunSource, ...], files: list[list[Source]], res: Resources, parts: PartWriter, *,
                    progress: bool) -> list[Counts]:
         """Every chunk of every source through the pipeline into `parts`; each source's counts."""
         ...
@@ -97,11 +82,11 @@ SecondPass = Callable[[StagedParts, list[Counts], "duckdb.DuckDBPyConnection", P
 
 
 def drive(
-    sources: list[RunSource], dst: str, config: RunConfig, engine: _Engine, *, mix: SecondPass | None = None,
-    progress: bool = True, timings: Counter[str] | None = None, cache: CacheSettings | None = None,
+    settings: RunSettings, engine: _Engine, *, mix: SecondPass | None = None, progress: bool = True,
+    timings: Counter[str] | None = None, cache: CacheSettings | None = None,
 ) -> dict[str, Any]:
-    """Run `sources` into DST on `engine` (`mix`: a mixture's second pass); returns the manifest
-    it wrote, with its `files`.
+    """Run `settings` (its sources into its DST) on `engine` (`mix`: a mixture's second pass);
+    returns the manifest it wrote, with its `files`.
 
     DST must be new, empty or an earlier etl output; the run holds DST's lock throughout and
     removes only the files the previous manifest (or an interrupted run's journal) lists.
@@ -109,12 +94,14 @@ def drive(
     be byte-identical across runs). `cache`: the token cache (None: none; `etl run` passes its
     flags' and environment's, `CacheSettings.resolve`).
     """
-    out, found, holds_inputs = prepare([s.path for s in sources], dst, config, cache=cache)
+    sources = settings.sources
+    out, found, holds_inputs = prepare([s.path for s in sources], settings.dst, settings.config, cache=cache)
     out, files = engine.paths(out, [s.named(fs) for s, fs in zip(sources, found, strict=True)])
-    inputs = [f for fs in files for f in fs]
     started = time.perf_counter()
+    plan, tokenizer = load_plan(settings, lazy=cache is not None and cache.root is not None)
+    inputs = [f for fs in files for f in fs]
     run_timings = Timings()
-    with (engine.start(config, sources, files, run_timings, cache=cache, progress=progress) as res,
+    with (engine.start(plan, files, run_timings, tokenizer=tokenizer, cache=cache, progress=progress) as res,
           OutputWriter(out, kind="run", keep=holds_inputs) as output):
         # polars (via etl.pipeline.resources): off `etl run`'s start-up imports
         from etl.pipeline.resources import run_identity
@@ -123,7 +110,7 @@ def drive(
         identity = identity_keys(run_id)
         parts = (PartWriter(output, identity=identity) if mix is None
                  else StagedParts(output, output.staging(), identity=identity))
-        per_source = engine.map_chunks(sources, files, res, parts, progress=progress)
+        per_source = engine.map_chunks(plan.sources, files, res, parts, progress=progress)
         extra: dict[str, Any] = {}
         if mix is None:
             counts = Counts()

@@ -1,9 +1,6 @@
-"""What one `etl run` resolves once, before the first chunk, and every chunk only reads:
-config, tokenizer, template ids, BOS/EOS and default-system ids, a DuckDB connection.
-
-The config is resolved here too: `template: auto` becomes the template chosen for the tokenizer
-and an unset `default_system` the template's own, so the manifest (and Ray's workers, which get
-`Resources.config`) record what the run used."""
+"""What one `etl run` loads once, before the first chunk, and every chunk only reads: the run's
+plan (etl.pipeline.plan: its configs, template chosen), the tokenizer, the template's ids,
+BOS/EOS and default-system ids, a DuckDB connection; and the manifest's keys they fix."""
 
 from __future__ import annotations
 
@@ -17,21 +14,20 @@ from etl import __version__
 from etl import columns as c
 from etl.cache.encoder import Encoder
 from etl.cache.folder import CacheSettings
-from etl.config.run_config import MaskOptions, RunConfig
+from etl.config.run_config import MaskOptions, RunConfig, RunSettings, RunSource
 from etl.errors import EtlError
-from etl.formats.builders import BUILDERS, BuilderQuery, connect
+from etl.formats.builders import BuilderQuery, connect
 from etl.ingest.discover import Source
 from etl.ingest.objects import sample
-from etl.kinds import KINDS, PAIR_INPUT_TYPES, kind_of
+from etl.kinds import KINDS
 from etl.output.parquet import identity_of
 from etl.pipeline.accounting import Counts
-from etl.pipeline.pair_truncation import PAIR_ONLY, pair_policy
+from etl.pipeline.plan import RunPlan, load_plan
 from etl.pipeline.reasoning import ReasoningRender
 from etl.pipeline.startup import builder_query_for
-from etl.tokens.hf_template import load_template_and_tokenizer, own_default_system
 from etl.tokens.joins import NO_JOIN, join_fixed
 from etl.tokens.loading import load_tokenizer
-from etl.tokens.templates import Template, TemplateIds, resolve_template
+from etl.tokens.templates import TemplateIds, resolve_template
 from etl.tokens.tokenizer import TextTokenizer, encode_template_text
 from etl.tokens.tool_format import FORMS
 
@@ -41,7 +37,8 @@ class Resources:
     """The run's resolved, read-only inputs. The DuckDB connection is shared: a thread that
     queries in parallel takes its own `con.cursor()`."""
 
-    config: RunConfig
+    plan: RunPlan
+    config: RunConfig  # the plan's, or one source's (`resources_for`)
     tokenizer: TextTokenizer
     template: TemplateIds
     system_ids: list[int] | None
@@ -91,42 +88,22 @@ def _extra_special(tokenizer: TextTokenizer, key: str, template_value: str) -> s
     return value
 
 
-def _check_input_type(config: RunConfig) -> None:
-    if config.input_type not in BUILDERS:
-        raise EtlError(
-            f"input type {config.input_type!r} is not one of {', '.join(sorted(BUILDERS))}"
-        )
-    if kind_of(config.input_type).pair:
-        pair_policy(config.truncation)  # an SFT-only policy stops the run here, saying which apply
-    elif config.truncation in PAIR_ONLY:
-        raise EtlError(f"truncation {config.truncation!r} applies to preference data (input types "
-                       f"{', '.join(PAIR_INPUT_TYPES)}); for conversations use drop_oldest_turns, keep_prefix, right "
-                       "or drop")
-
-
 def build_resources(
-    config: RunConfig, *, template: Template | None = None, con: duckdb.DuckDBPyConnection | None = None,
+    plan: RunPlan | RunConfig, *, tokenizer: TextTokenizer | None = None, con: duckdb.DuckDBPyConnection | None = None,
     cache: CacheSettings | None = None,
 ) -> Resources:
-    """Resolve tokenizer, template, BOS/EOS and the default system ids once per run; the
-    resources' config is `config` with the template chosen and the default system prompt
-    resolved (`resolved_config`).
+    """Load what the plan's chunks read: the tokenizer (unless choosing the template loaded it:
+    `tokenizer`), the template's ids, BOS/EOS and the default system ids, once per run (and once
+    per Ray worker). A `RunConfig`: its own one-source plan (`etl check-template`, tests).
 
-    `template`: the preset `config.template` names (or `auto` picks), when the caller resolved it already.
     `cache`: the token cache to read and fill; None: none (repeats in a batch still tokenize once).
     """
-    _check_input_type(config)
-    _ = config.kind  # a mixture of kinds stops here, before the tokenizer loads
-
-    # With a cache, tokenizer.json is parsed only when a question or a text is not cached.
-    lazy = cache is not None and cache.root is not None
-    if template is None:
-        template, tokenizer = load_template_and_tokenizer(config.template, tokenizer_spec=config.tokenizer, lazy=lazy,
-                                                          backend=config.tokenizer_backend)
-    else:
-        tokenizer = load_tokenizer(config.tokenizer, special_tokens=template.special_tokens, lazy=lazy,
-                                   backend=config.tokenizer_backend)
-    config = resolved_config(config, template)
+    if isinstance(plan, RunConfig):
+        plan, tokenizer = load_plan(RunSettings.one("", "", plan), lazy=cache is not None and cache.root is not None)
+    config, template = plan.config, plan.template
+    if tokenizer is None:  # with a cache, tokenizer.json is parsed only when a text is not cached
+        tokenizer = load_tokenizer(config.tokenizer, special_tokens=template.special_tokens,
+                                   lazy=cache is not None and cache.root is not None, backend=config.tokenizer_backend)
     encoder = Encoder(tokenizer, cache)  # first: it hands the tokenizer the answers it remembers
     tokenizer.vocab_size  # noqa: B018 - the manifest's, asked now: the answers the cache keeps at close hold it
     ids = resolve_template(template, tokenizer)
@@ -137,22 +114,9 @@ def build_resources(
     if config.add_eos and not eos:
         token = _extra_special(tokenizer, "eos", template.eos)
         eos = encode_template_text(tokenizer, token, [token])
-    return Resources(
-        config=config,
-        tokenizer=tokenizer,
-        template=ids,
-        system_ids=_system_ids(tokenizer, ids, config),
-        con=connect() if con is None else con,
-        bos=bos,
-        eos=eos,
-        encoder=encoder,
-    )
-
-
-def resolved_config(config: RunConfig, template: Template) -> RunConfig:
-    """`config` as run with `template`: its name for `auto`, its own default system prompt
-    (`own_default_system`) where the user gave none; a mixture's sources too."""
-    return config.with_template(template.name, own_default_system(template))
+    return Resources(plan=plan, config=config, tokenizer=tokenizer, template=ids,
+                     system_ids=_system_ids(tokenizer, ids, config), con=connect() if con is None else con,
+                     bos=bos, eos=eos, encoder=encoder)
 
 
 def _system_ids(tokenizer: TextTokenizer, template: TemplateIds, config: RunConfig) -> list[int] | None:
@@ -164,14 +128,13 @@ def _system_ids(tokenizer: TextTokenizer, template: TemplateIds, config: RunConf
     return join_fixed(tokenizer, lead, config.default_system)
 
 
-def resources_for(res: Resources, config: RunConfig) -> Resources:
-    """The run's resources with another config (a mixture's source): its own input type, default
-    system, masks and truncation over the same tokenizer, template, BOS/EOS and connection."""
-    _check_input_type(config)
-    config = resolved_config(config, res.template.template)
-    if config == res.config:  # a plain run's one source: the run's own resources
+def resources_for(res: Resources, source: RunSource) -> Resources:
+    """The run's resources for one of its sources (a mixture's): its own resolved config (input
+    type, default system, masks, truncation) over the same tokenizer, template, BOS/EOS and connection."""
+    if source.config == res.config:  # a plain run's one source: the run's own resources
         return res
-    return dataclasses.replace(res, config=config, system_ids=_system_ids(res.tokenizer, res.template, config))
+    return dataclasses.replace(res, config=source.config,
+                               system_ids=_system_ids(res.tokenizer, res.template, source.config))
 
 
 def run_identity(res: Resources, sources: list[Source]) -> str:
@@ -192,7 +155,7 @@ def _settings(res: Resources, sources: list[Source]) -> dict[str, Any]:
     return {
         "format_version": c.MANIFEST_FORMAT_VERSION,
         "etl_version": __version__,
-        "config": res.config.to_json(),
+        "config": res.plan.config_json(),
         "inputs": [s.name for s in sources],
         "seq_len": res.config.seq_len,
         "tokenizer": {
@@ -220,7 +183,7 @@ def manifest_for(res: Resources, sources: list[Source], counts: Counts, *, run_i
         **_settings(res, sources),
         c.RUN_ID: run_id,
         "counts": counts.to_json(),
-        c.MANIFEST_KIND: (kind := res.config.kind),
+        c.MANIFEST_KIND: (kind := res.plan.kind),
         **({"preference": {"fit": res.config.pair_fit, "over_shared_seq_len": counts.over_shared}}
            if KINDS[kind].paired else {}),
         "incomplete_inputs": counts.incomplete,

@@ -25,27 +25,23 @@ import duckdb
 import pyarrow as pa
 
 from etl.cache.parsed import ParsedChunks, open_parsed
-from etl.config.run_config import RunConfig
+from etl.config.run_config import RunConfig, RunSettings, RunSource
 from etl.formats.builders import BuilderQuery, connect, run_builder
 from etl.ingest.discover import Source, UnreadableFile
 from etl.ingest.prefetch import Prefetch
 from etl.ingest.reader import read_chunks, run_first_bytes
 from etl.output.part_writer import PartWriter, StagedParts
 from etl.pipeline.accounting import Counts, Timings
-from etl.pipeline.driver import RunSource, drive
-from etl.pipeline.startup import (
-    STARTUP,
-    builder_query_for,
-    preset_template,
-    process_age,
-    tune_malloc,
-)
+from etl.pipeline.driver import drive
+from etl.pipeline.startup import STARTUP, builder_query_for, process_age, tune_malloc
 from etl.ui.progress import Progress
 
 if TYPE_CHECKING:
     from etl.cache.folder import CacheSettings
     from etl.pipeline.chunk import RunState
+    from etl.pipeline.plan import RunPlan
     from etl.pipeline.resources import Resources
+    from etl.tokens.tokenizer import TextTokenizer
 
 __all__ = ["LocalEngine", "run"]
 
@@ -122,42 +118,26 @@ def process(sources: list[Source], parsed: Prefetch[Item], state: RunState, *, p
                 bar.update(counts.read, counts.tokens)
 
 
-def _resources(config: RunConfig, **early: Any) -> Resources:
-    """Import the per-chunk modules (Polars) and load the tokenizer, which `run` does while the
-    prefetch thread parses the first chunk (docs/design.md, Start-up)."""
-    # polars: imported while the first chunk parses
-    from etl.pipeline.resources import build_resources
-
-    return build_resources(config, **early)
-
-
 def _start_parsing(
-    config: RunConfig, sources: list[Source], timings: Timings, parsing: threading.Event, *,
-    reads: RunConfig | None = None, cache: CacheSettings | None = None, kept: ParsedChunks | None = None,
+    plan: RunPlan, files: list[Source], timings: Timings, parsing: threading.Event, *,
+    tokenizer: TextTokenizer | None, cache: CacheSettings | None, kept: ParsedChunks | None,
 ) -> tuple[Prefetch[Item], Resources]:
-    """Start parsing `sources` (as config `reads` says, default `config`: a mixture's first source;
-    `kept`: the cache's parsed chunks) on the prefetch thread, then load the run's resources while
-    the first chunk parses.
+    """Start parsing the first source's `files` (`kept`: the cache's parsed chunks) on the prefetch
+    thread, then load the run's resources while the first chunk parses.
 
     The first chunk parses (DuckDB, no GIL) while Polars and the tokenizer load (GIL). Reading it
     holds the GIL, so it goes first rather than at half speed beside them.
     """
-    reads = config if reads is None else reads
-    template = preset_template(config)
-    # `hf`: the template needs the tokenizer
-    early = None if template is not None else _resources(config, cache=cache)
-    con = connect() if early is None else early.con
-    if template is not None:
-        query = builder_query_for(reads, template)
-    else:
-        # polars: imported while the first chunk parses
-        from etl.pipeline.resources import resources_for
-
-        query = resources_for(early, reads).builder_query()
-    parsed = Prefetch(parsed_chunks(sources, reads, query, con.cursor(), timings, parsing, kept))
+    con = connect()
+    reads = plan.sources[0].config
+    query = builder_query_for(reads, plan.template)
+    parsed = Prefetch(parsed_chunks(files, reads, query, con.cursor(), timings, parsing, kept))
     try:
         parsing.wait(timeout=HEAD_START)
-        return parsed, early or _resources(config, template=template, con=con, cache=cache)
+        # polars: imported while the first chunk parses
+        from etl.pipeline.resources import build_resources
+
+        return parsed, build_resources(plan, tokenizer=tokenizer, con=con, cache=cache)
     except BaseException:
         parsed.__exit__(None, None, None)  # stop the prefetch thread: the run goes no further
         raise
@@ -177,22 +157,22 @@ class LocalEngine:
         return out, files
 
     @contextlib.contextmanager
-    def start(self, config: RunConfig, sources: list[RunSource], files: list[list[Source]], timings: Timings, *,
+    def start(self, plan: RunPlan, files: list[list[Source]], timings: Timings, *, tokenizer: TextTokenizer | None,
               cache: CacheSettings | None, progress: bool) -> Iterator[Resources]:
         """Parse the first source's first chunk while the tokenizer loads; close the token cache
         when leaving, even on an error (what a failed run tokenized is still right)."""
         tune_malloc()
         self.timings = timings
-        self.kept = open_parsed(cache, config.tokenizer)
-        self.first, res = _start_parsing(config, files[0], timings, self.parsing, reads=sources[0].config,
-                                        cache=cache, kept=self.kept)
+        self.kept = open_parsed(cache, plan.config.tokenizer)
+        self.first, res = _start_parsing(plan, files[0], timings, self.parsing, tokenizer=tokenizer, cache=cache,
+                                         kept=self.kept)
         with res.encoder, self.first:
             if hasattr(res.tokenizer, "plan"):  # the tokenizer backend, by the run's input size
                 res.tokenizer.plan(sum(s.size() for fs in files for s in fs))
             yield res
         timings.update(res.encoder.saving())  # `--timings`: the seconds the token cache saved
 
-    def map_chunks(self, sources: list[RunSource], files: list[list[Source]], res: Resources, parts: PartWriter, *,
+    def map_chunks(self, sources: tuple[RunSource, ...], files: list[list[Source]], res: Resources, parts: PartWriter, *,
                    progress: bool) -> list[Counts]:
         from etl.pipeline.chunk import RunState  # Polars: imported while the first chunk parses
 
@@ -207,7 +187,7 @@ class LocalEngine:
         # polars: imported while the first chunk parses
         from etl.pipeline.resources import resources_for
 
-        res = resources_for(state.res, source.config)
+        res = resources_for(state.res, source)
         if isinstance(state.parts, StagedParts):
             state.parts.prefix = source.name  # a mixture stages each source's parts apart
         mine = dataclasses.replace(state, res=res, counts=Counts(), domain=source.domain)
@@ -225,5 +205,4 @@ def run(
 ) -> dict[str, Any]:
     """Run the whole pipeline from SRC to DST on this machine; returns the manifest it wrote
     (`etl.pipeline.driver.drive`, whose `timings` and `cache` these are)."""
-    return drive([RunSource(src, config)], dst, config, LocalEngine(), progress=progress, timings=timings,
-                 cache=cache)
+    return drive(RunSettings.one(src, dst, config), LocalEngine(), progress=progress, timings=timings, cache=cache)

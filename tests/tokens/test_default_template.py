@@ -22,14 +22,15 @@ from etl.analysis.check_template import check_template
 from etl.cli import main
 from etl.columns import DEFAULT_SYSTEM_TEXT
 from etl.config.build import config_from_args
-from etl.config.run_config import RunConfig
+from etl.config.run_config import RunConfig, RunSettings
 from etl.engine.ray_run import for_workers
 from etl.errors import EtlError
+from etl.pipeline.plan import plan_with
 from etl.pipeline.resources import build_resources
 from etl.pipeline.startup import preset_template
 from etl.tokens.hf_template import load_template_and_tokenizer
 from etl.tokens.loading import has_chat_template
-from etl.tokens.templates import NGPT_MARKERS
+from etl.tokens.templates import NGPT_MARKERS, preset
 from tests.commands.test_rough_edges import write_tiny_tokenizer
 
 CHATS = [
@@ -126,12 +127,17 @@ def test_a_given_default_system_overrides_the_templates(tiny: Path, tmp_path: Pa
 def test_replace_keeps_what_was_given_and_resolving_twice_changes_nothing(tiny: Path) -> None:
     config = RunConfig(tokenizer=str(tiny), seq_len=64)
     assert config.replace(seq_len=32).model_fields_set == {"tokenizer", "seq_len"}
-    once = build_resources(config).config
-    assert once.with_template("ngpt", "other").default_system == "You are tiny."
+    plan = build_resources(config).plan
+    once = plan.config
+    assert once.template == "hf" and once.default_system == "You are tiny."
+    # Resolved again, with another template: what the first resolution gave counts as given.
+    again = plan_with(RunSettings.one("", "", once), preset("ngpt"), plan.kind)
+    assert again.config.template == "ngpt" and again.config.default_system == "You are tiny."
     assert build_resources(once).config == once
-    # Ray's workers get the driver's resolved config, through pickle, with what was given.
-    shipped = pickle.loads(pickle.dumps(for_workers(once)))
-    assert shipped == once and "default_system" in shipped.model_fields_set
+    # Ray's workers get the driver's plan (its template too), through pickle, with what was given.
+    shipped = pickle.loads(pickle.dumps(plan.with_changes(**for_workers(once).model_dump(include={"tokenizer"}))))
+    assert shipped.config == once and "default_system" in shipped.config.model_fields_set
+    assert shipped.template == plan.template and shipped.sources[0].config == once
 
 
 def test_the_run_writes_the_templates_ids_and_records_its_choices(tiny: Path, tmp_path: Path) -> None:
