@@ -42,8 +42,10 @@ def timing_lines(timings: Mapping[str, float], manifest: dict[str, Any]) -> list
     return lines
 
 
-def run_outcome(manifest: dict[str, Any], dst: str, *, quiet: bool) -> tuple[int, list[str]]:
-    """The exit status, and the lines that explain it, shown even with --quiet.
+def run_outcome(manifest: dict[str, Any], dst: str, *, quiet: bool,
+                timings: Mapping[str, float] | None = None) -> tuple[int, list[str]]:
+    """The exit status, and the lines that explain it, shown even with --quiet (after --timings'
+    lines: `timing_lines`, when `timings` are given).
 
     0; 3 when some input was not read to its end; 4 when records were read and none written.
     4 outranks 3: an output with nothing to train on is unusable whatever the cause (a damaged
@@ -53,6 +55,7 @@ def run_outcome(manifest: dict[str, Any], dst: str, *, quiet: bool) -> tuple[int
     counts = manifest["counts"]
     empty = bool(counts["read"]) and not counts["written"]
     status, lines = _incomplete(manifest, empty=empty)
+    lines = (timing_lines(timings, manifest) if timings is not None else []) + lines
     lines += _header_cut(manifest) + _special_text(manifest)
     if not empty:
         return status, lines

@@ -89,11 +89,12 @@ def run(args: argparse.Namespace) -> int:
 
     tune_malloc()  # before the libraries allocate (and their threads take arenas)
     # polars/duckdb/pydantic: after tune_malloc, and not for --help
-    from etl.analysis.run_summary import summary_lines, timing_lines
+    from etl.analysis.run_summary import run_outcome, summary_lines
     from etl.cache.folder import CacheSettings
     from etl.config.build import settings_from_args
     from etl.pipeline.driver import drive
 
+    engine = _engine(args)
     if args.no_cache and args.cache:
         raise EtlError("--cache and --no-cache contradict each other; pass one")
     cache = CacheSettings.resolve(args.cache, disabled=args.no_cache, max_gb=args.cache_max_gb)
@@ -103,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
         from etl.export.backends import require_h5py
 
         require_h5py()
-    if settings.mixture is not None:
+    if settings.mixture is None:
+        manifest = drive(settings, engine, progress=not args.quiet, timings=timings, cache=cache)
+    else:
         # polars: only for a mixture
         from etl.mixture.run import run_mixture
 
@@ -111,15 +114,14 @@ def run(args: argparse.Namespace) -> int:
             raise EtlError("a mixture (sources in the config) runs on the local engine only; drop --engine ray, "
                            "or run each source on Ray into its own DST")
         manifest = run_mixture(settings, progress=not args.quiet, timings=timings, cache=cache)
-    else:
-        manifest = drive(settings, _engine(args), progress=not args.quiet, timings=timings, cache=cache)
     if not args.quiet:
         _print(summary_lines(manifest, settings.dst))
     if config.storage_format is not None:
         _print(_export_stage(settings.dst, config, quiet=args.quiet))
-    if args.timings:
-        _print(timing_lines(timings, manifest))
-    return exit_status(manifest, settings.dst, quiet=args.quiet)
+    status, lines = run_outcome(manifest, settings.dst, quiet=args.quiet,
+                                timings=timings if args.timings else None)
+    _print(lines)
+    return status
 
 
 def _engine(args: argparse.Namespace) -> Any:
@@ -151,16 +153,6 @@ def _export_stage(dst: str, config: Any, *, quiet: bool) -> list[str]:
         f"etl run: {config.storage_format} token files of {split}: {sum(d['sequences'] for d in domains.values()):,} "
         f"sequences, {sum(d['tokens'] for d in domains.values()):,} tokens in {len(domains)} domain folder(s) of "
         f"{split_folder(out, split)}" for split, domains in counts.items()]
-
-
-def exit_status(manifest: dict[str, Any], dst: str, *, quiet: bool) -> int:
-    """The run's exit status, after the lines that explain it (even with --quiet)."""
-    # pyarrow: only when run, not for --help
-    from etl.analysis.run_summary import run_outcome
-
-    status, lines = run_outcome(manifest, dst, quiet=quiet)
-    _print(lines)
-    return status
 
 
 def _print(lines: list[str]) -> None:
