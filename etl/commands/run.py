@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from etl.columns import RAY_CONNECT_TIMEOUT_S
@@ -115,12 +114,17 @@ def run(args: argparse.Namespace) -> int:
                            "or run each source on Ray into its own DST")
         manifest = run_mixture(settings, progress=not args.quiet, timings=timings, cache=cache)
     if not args.quiet:
-        _print(summary_lines(manifest, settings.dst))
-    if config.storage_format is not None:
-        _print(_export_stage(settings.dst, config, quiet=args.quiet))
+        sys.stderr.writelines(f"{line}\n" for line in summary_lines(manifest, settings.dst))
+    if config.storage_format is not None:  # the run's token files (etl export's), into DST
+        # h5py / the export writer: only when the config asks for token files
+        from etl.export.run_stage import export_stage
+
+        sys.stderr.writelines(f"{line}\n" for line in export_stage(
+            settings.dst, storage_format=config.storage_format, max_tokens_per_shard=config.max_tokens_per_shard,
+            quiet=args.quiet))
     status, lines = run_outcome(manifest, settings.dst, quiet=args.quiet,
                                 timings=timings if args.timings else None)
-    _print(lines)
+    sys.stderr.writelines(f"{line}\n" for line in lines)
     return status
 
 
@@ -137,24 +141,3 @@ def _engine(args: argparse.Namespace) -> Any:
     from etl.pipeline.run import LocalEngine
 
     return LocalEngine()
-
-
-def _export_stage(dst: str, config: Any, *, quiet: bool) -> list[str]:
-    """The token files the config's `output.storage_format` asks for, written into DST from the
-    finished run (etl.export.run_stage); one summary line per split."""
-    from etl.export.run_stage import export_run, split_folder
-    from etl.ingest.discover import is_uri
-    from etl.ingest.location import local_path
-
-    out = Path(local_path(dst, what="DST") if is_uri(dst) else dst)
-    counts = export_run(out, storage_format=config.storage_format, max_tokens_per_shard=config.max_tokens_per_shard,
-                        progress=not quiet)
-    return [] if quiet else [
-        f"etl run: {config.storage_format} token files of {split}: {sum(d['sequences'] for d in domains.values()):,} "
-        f"sequences, {sum(d['tokens'] for d in domains.values()):,} tokens in {len(domains)} domain folder(s) of "
-        f"{split_folder(out, split)}" for split, domains in counts.items()]
-
-
-def _print(lines: list[str]) -> None:
-    for line in lines:
-        print(line, file=sys.stderr)

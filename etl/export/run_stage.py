@@ -15,11 +15,13 @@ from pathlib import Path
 
 from etl import columns as c
 from etl.export.token_files import check_options, write_split
+from etl.ingest.discover import is_uri
+from etl.ingest.location import local_path
 from etl.output.manifest import read_manifest
 from etl.output.parts import listed_parts, listed_splits
 from etl.output.writer import OutputWriter
 
-__all__ = ["export_run", "split_folder"]
+__all__ = ["export_run", "export_stage", "split_folder"]
 
 
 def split_folder(dst: Path, split: str) -> Path:
@@ -66,3 +68,15 @@ def export_run(
                        "splits": {split: {"folder": split_folder(dst, split).relative_to(dst).as_posix(),
                                           "domains": domains} for split, domains in counts.items()}})
     return counts
+
+
+def export_stage(dst: str, *, storage_format: str, max_tokens_per_shard: int, quiet: bool) -> list[str]:
+    """`etl run`'s export stage (`output.storage_format`) into DST (a path or file:// URI) from the
+    finished run; one summary line per split (none with --quiet)."""
+    out = Path(local_path(dst, what="DST") if is_uri(dst) else dst)
+    counts = export_run(out, storage_format=storage_format, max_tokens_per_shard=max_tokens_per_shard,
+                        progress=not quiet)
+    return [] if quiet else [
+        f"etl run: {storage_format} token files of {split}: {sum(d['sequences'] for d in domains.values()):,} "
+        f"sequences, {sum(d['tokens'] for d in domains.values()):,} tokens in {len(domains)} domain folder(s) of "
+        f"{split_folder(out, split)}" for split, domains in counts.items()]
