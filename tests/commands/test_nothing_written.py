@@ -17,7 +17,7 @@ from etl.analysis.run_summary import run_outcome
 from etl.cli import main
 from etl.errors import EXIT_EMPTY, EXIT_INCOMPLETE
 from etl.output.manifest import read_manifest
-from etl.pipeline.run import run as run_pipeline
+from etl.pipeline.run import LocalEngine
 
 SHAREGPT = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
@@ -71,11 +71,8 @@ def test_a_mixture_that_writes_nothing_exits_4(tmp_path: Path, capsys: pytest.Ca
 
 def test_the_ray_engine_gets_the_same_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The status is read from the manifest every engine writes (Ray's run here is the local one)."""
-    def local(src: str, dst: str, config: object, **kwargs: object) -> dict:  # Ray's own options left out
-        return run_pipeline(src, dst, config, **{k: kwargs[k] for k in ("progress", "timings", "cache")})  # type: ignore[arg-type]
-
     monkeypatch.setattr(etl.engine.ray_run, "require_ray", lambda: None)
-    monkeypatch.setattr(etl.engine.ray_run, "run", local)
+    monkeypatch.setattr(etl.engine.ray_run, "RayEngine", lambda *args, **kwargs: LocalEngine())
     src = write_jsonl(tmp_path / "sg.jsonl", [SHAREGPT] * 2)
     assert main(["run", str(src), str(tmp_path / "out"), "--engine", "ray", "--quiet"]) == EXIT_EMPTY
 
