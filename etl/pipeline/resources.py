@@ -145,8 +145,9 @@ def run_identity(res: Resources, sources: list[Source]) -> str:
     and the token cache are left out (a cached rerun writes the same bytes). Costs a stat and two
     64 KiB reads per input (docs/design.md, Measured costs).
     """
-    return identity_of({**_settings(res, sources), "input_bytes": [s.size() for s in sources],
-                        "input_samples": [sample(s) for s in sources]})
+    body = {**_settings(res, sources), "input_bytes": [s.size() for s in sources],
+            "input_samples": [sample(s) for s in sources]}
+    return identity_of(body)
 
 
 def _settings(res: Resources, sources: list[Source]) -> dict[str, Any]:
