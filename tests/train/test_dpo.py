@@ -9,7 +9,6 @@ is itself checked against each sequence run alone, scored with a plain log_softm
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,12 +32,7 @@ VOCAB, S = 64, 48
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "preference"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()  # tiny tensors: threads cost more than they give
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
 
 
 def tiny_qwen2(impl: str, *, vocab: int = VOCAB, windowed: bool = False) -> torch.nn.Module:

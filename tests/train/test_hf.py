@@ -10,7 +10,6 @@ packed forward) against the example run alone, unpadded, through the model's pla
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,14 +35,7 @@ BATCHES = 3  # of 2 rows: ~18 examples per check
 Docs = list[tuple[int, torch.Tensor, list[int], list[bool]]]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tensors of a few thousand values: intra-op threads cost more than they give, and on a
-    # busy 2-core machine far more (the equality check: 0.3 s on one thread, 6-10 s on two).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
 
 
 @pytest.fixture(scope="module")

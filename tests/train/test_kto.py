@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,12 +23,7 @@ transformers = pytest.importorskip("transformers")
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "preference"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()  # tiny tensors: threads cost more than they give
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
 
 
 def _trl_kto_loss(logps, ref, labels, kl_logps, ref_kl, *, beta: float, dw: float, uw: float) -> torch.Tensor:
