@@ -62,6 +62,11 @@ class CacheSettings:
         return cls(root, max_bytes(max_gb))
 
 
+def lazy_tokenizer(cache: CacheSettings | None) -> bool:
+    """With a cache folder, tokenizer.json is parsed only when a question or a text is not cached."""
+    return cache is not None and cache.root is not None
+
+
 def default_root() -> Path:
     return Path(os.environ.get(ENV_DIR) or Path.home() / ".cache" / "etl" / "tokens").expanduser()
 

@@ -114,17 +114,16 @@ def run(args: argparse.Namespace) -> int:
                            "or run each source on Ray into its own DST")
         manifest = run_mixture(settings, progress=not args.quiet, timings=timings, cache=cache)
     if not args.quiet:
-        sys.stderr.writelines(f"{line}\n" for line in summary_lines(manifest, settings.dst))
+        _print(summary_lines(manifest, settings.dst))
     if config.storage_format is not None:  # the run's token files (etl export's), into DST
         # h5py / the export writer: only when the config asks for token files
         from etl.export.run_stage import export_stage
 
-        sys.stderr.writelines(f"{line}\n" for line in export_stage(
-            settings.dst, storage_format=config.storage_format, max_tokens_per_shard=config.max_tokens_per_shard,
-            quiet=args.quiet))
+        _print(export_stage(settings.dst, storage_format=config.storage_format,
+                            max_tokens_per_shard=config.max_tokens_per_shard, quiet=args.quiet))
     status, lines = run_outcome(manifest, settings.dst, quiet=args.quiet,
                                 timings=timings if args.timings else None)
-    sys.stderr.writelines(f"{line}\n" for line in lines)
+    _print(lines)
     return status
 
 
@@ -141,3 +140,8 @@ def _engine(args: argparse.Namespace) -> Any:
     from etl.pipeline.run import LocalEngine
 
     return LocalEngine()
+
+
+def _print(lines: list[str]) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)

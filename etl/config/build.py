@@ -182,7 +182,7 @@ def settings_from_args(args: argparse.Namespace) -> RunSettings:
         if src is None or dst is None:
             raise EtlError("etl run needs SRC and DST (or a config that lists sources, and DST); see etl run --help")
         return RunSettings.one(src, dst, config)
-    sources = _sources(doc, lambda d: RunConfig(**_config_kwargs(_with_flags(d, flags)), **_flag_only(flags)))
+    sources = _sources(doc, lambda d: _run_config(_with_flags(d, flags), flags))
     if dst is not None:
         raise EtlError("the config lists sources, so SRC is left out: etl run --config FILE DST")
     if src is None:
@@ -201,14 +201,14 @@ def _read(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], Run
         flags["default_system"] = None
     top = _with_flags(doc, flags)
     check_file(top)
-    return doc, flags, RunConfig(**_config_kwargs(top), **_flag_only(flags))
+    return doc, flags, _run_config(top, flags)
 
 
 def _with_flags(doc: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     """The document with each flag's value written at its key (the file's value under it)."""
     doc = {**doc}
     for attr, value in flags.items():
-        if (path := _KEYS[attr].path if attr in _KEYS else attr) is None:
+        if (path := _KEYS[attr].path) is None:
             continue  # a flag-only setting (--chunk-mb): not a key of the file
         *sections, leaf = path.split(".")
         if sections == ["truncation"] and not isinstance(doc.get("truncation", {}), dict):
@@ -221,8 +221,9 @@ def _with_flags(doc: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _flag_only(flags: dict[str, Any]) -> dict[str, Any]:
-    return {attr: v for attr, v in flags.items() if attr in _KEYS and _KEYS[attr].path is None}
+def _run_config(doc: dict[str, Any], flags: dict[str, Any]) -> RunConfig:
+    """The RunConfig of a checked document with the flags written in, and the flag-only settings."""
+    return RunConfig(**_config_kwargs(doc), **{attr: v for attr, v in flags.items() if _KEYS[attr].path is None})
 
 
 def _merged_doc(top: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from etl import columns as c
 from etl.cache.apart import check_apart
+from etl.cache.folder import lazy_tokenizer
 from etl.config.run_config import RunConfig, RunSettings, RunSource
 from etl.errors import EtlError
 from etl.ingest.discover import Source, discover, is_uri, source_root
@@ -98,7 +99,7 @@ def drive(
     out, found, holds_inputs = prepare([s.path for s in sources], settings.dst, settings.config, cache=cache)
     out, files = engine.paths(out, [s.named(fs) for s, fs in zip(sources, found, strict=True)])
     started = time.perf_counter()
-    plan, tokenizer = load_plan(settings, lazy=cache is not None and cache.root is not None)
+    plan, tokenizer = load_plan(settings, lazy=lazy_tokenizer(cache))
     inputs = [f for fs in files for f in fs]
     run_timings = Timings()
     with (engine.start(plan, files, run_timings, tokenizer=tokenizer, cache=cache, progress=progress) as res,

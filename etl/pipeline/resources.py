@@ -13,7 +13,7 @@ import duckdb
 from etl import __version__
 from etl import columns as c
 from etl.cache.encoder import Encoder
-from etl.cache.folder import CacheSettings
+from etl.cache.folder import CacheSettings, lazy_tokenizer
 from etl.config.run_config import MaskOptions, RunConfig, RunSettings, RunSource
 from etl.errors import EtlError
 from etl.formats.builders import BuilderQuery, connect
@@ -99,11 +99,11 @@ def build_resources(
     `cache`: the token cache to read and fill; None: none (repeats in a batch still tokenize once).
     """
     if isinstance(plan, RunConfig):
-        plan, tokenizer = load_plan(RunSettings.one("", "", plan), lazy=cache is not None and cache.root is not None)
+        plan, tokenizer = load_plan(RunSettings.one("", "", plan), lazy=lazy_tokenizer(cache))
     config, template = plan.config, plan.template
-    if tokenizer is None:  # with a cache, tokenizer.json is parsed only when a text is not cached
-        tokenizer = load_tokenizer(config.tokenizer, special_tokens=template.special_tokens,
-                                   lazy=cache is not None and cache.root is not None, backend=config.tokenizer_backend)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(config.tokenizer, special_tokens=template.special_tokens, lazy=lazy_tokenizer(cache),
+                                   backend=config.tokenizer_backend)
     encoder = Encoder(tokenizer, cache)  # first: it hands the tokenizer the answers it remembers
     tokenizer.vocab_size  # noqa: B018 - the manifest's, asked now: the answers the cache keeps at close hold it
     ids = resolve_template(template, tokenizer)
