@@ -281,19 +281,18 @@ def _micro_batches() -> list[tuple[torch.Tensor, dict]]:
 
 
 def test_real_ddp_gradient_is_the_step_mean(tmp_path: Path) -> None:
-    # The ranks are forked from a fresh interpreter, not from this test worker: a fork after the
-    # worker's own OpenMP / Polars thread pools have run can leave a rank waiting forever on a lock
-    # held by a thread that does not exist in the child (CI hung here for 80 minutes). fork, not
-    # spawn: the ranks inherit the imported modules (a spawned rank re-imports torch: ~10 s), so
-    # the driver imports, once, what DDP's constructor imports (torch._dynamo: ~5 s).
-    driver = (
-        "import importlib, sys, torch.multiprocessing as mp\n"
-        "importlib.import_module('torch._dynamo')\n"
-        "from tests.train.test_loss import _ddp_rank\n"
-        "mp.start_processes(_ddp_rank, args=sys.argv[1:], nprocs=2, start_method='fork')\n"
-    )
-    run = [sys.executable, "-c", driver, str(tmp_path / "store"), str(tmp_path)]
-    subprocess.run(run, check=True, timeout=300, cwd=Path(__file__).parents[2])
+    # Each rank is a fresh interpreter of its own, started together: nothing is forked. A fork
+    # after OpenMP, Polars or torch._dynamo's import had started threads (the xdist worker's, or a
+    # driver's) left a rank waiting forever on a lock no thread of the child holds (CI hung at 99%).
+    # Importing torch and DDP's torch._dynamo costs each rank ~5-10 s, in parallel.
+    rank = "import sys; from tests.train.test_loss import _ddp_rank; _ddp_rank(int(sys.argv[1]), *sys.argv[2:])"
+    ranks = [subprocess.Popen([sys.executable, "-c", rank, str(r), str(tmp_path / "store"), str(tmp_path)],
+                              cwd=Path(__file__).parents[2]) for r in range(2)]
+    try:
+        assert [p.wait(timeout=240) for p in ranks] == [0, 0]
+    finally:
+        for p in ranks:
+            p.kill()
     model, micro = _tiny_model(), _micro_batches()
     trained = torch.cat([b["loss_mask"].reshape(-1) for _, b in micro])
     preds = torch.cat([model(f).reshape(-1) for f, _ in micro])
