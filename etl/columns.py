@@ -112,6 +112,13 @@ NUM_TRAINED = "num_trained"
 NUM_TURNS = "num_turns"
 NUM_TURNS_DROPPED = "num_turns_dropped"
 TRUNCATED = "truncated"
+# `data` columns of image data (contract; a run whose tokenizer folder has an image processor):
+# HF datasets `Image` structs (so `load_dataset(DST)` gives PIL images), the processor's
+# [t, h, w] patch grid of each, and the image tokens of the example.
+IMAGES = "images"
+IMAGE_GRID_THW = "image_grid_thw"
+IMAGE_SHA256 = "image_sha256"  # extension: each image's sha256, which `--images reference` checks
+NUM_IMAGE_TOKENS = "num_image_tokens"
 
 # `data` columns of preference pairs and unpaired completions (contract; TRL's names). `prompt_ids +
 # chosen_ids` is the whole chosen conversation as the template renders it; a mask is True where a
@@ -158,6 +165,9 @@ TURN_LEN = "turn_len"
 TOOLS, TOOLS_TEXT = "tools", "tools_text"
 CALLS, CALLS_IDS, CALLS_LEN = "calls", "calls_ids", "calls_len"
 FORM = "form"
+# Images (etl.pipeline.images): a message's image offsets into its content (from the builder),
+# each turn's image tokens per image and the index of its first image in its record's list.
+IMAGE_AT, IMAGE_TOKENS, IMAGE_FIRST = "image_at", "image_tokens", "image_first"
 TRAIN_HEADER, TRAIN_CONTENT, TRAIN_END = "train_header", "train_content", "train_end"
 UNIT = "unit"  # truncation unit: -1 for the leading system turn, then one per user turn
 KEEP_WHOLE = "keep_whole"  # the turn survives whole-turn dropping

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "etl"
 # Stage families from the bottom up: each may import only those before it (and top-level
 # modules listed before it). What a newcomer should see in `ls etl/`.
 LAYERS = [
-    "errors", "columns", "kinds", "lazy", "arrow_values", "safe_paths", "ragged", "ui", "formats", "config", "ingest", "tokens", "cache", "output", "packing",
+    "errors", "columns", "kinds", "lazy", "arrow_values", "safe_paths", "ragged", "ui", "formats", "config", "ingest", "images", "tokens", "cache", "output", "packing",
     "pipeline", "mixture", "engine", "analysis", "loader", "train", "export", "sft", "commands", "cli", "__main__",
 ]
 

@@ -41,6 +41,7 @@ MixBy = Literal["tokens", "examples"]
 MixTotal = Literal["sum", "first_exhausted", "all_exhausted"]
 TokenizerBackend = Literal["auto", "hf", "gigatoken"]
 StorageFormat = Literal["bin", "h5"]  # etl.export.backends.BACKENDS
+ImageMode = Literal["embed", "reference"]  # etl.images
 TURN_POLICIES: tuple[str, ...] = get_args(TurnPolicy)
 CANONICAL_ROLES: tuple[str, ...] = get_args(Role)
 FIELD_ROLES = dict(zip(get_args(FieldRole), ("user", "assistant"), strict=True))
@@ -132,6 +133,21 @@ class Output(Section):
                                     limit="must be a positive integer, got {value}")
 
 
+class Images(Section):
+    """`images`: images of vision-language data (a tokenizer folder with a preprocessor_config.json)."""
+
+    mode: ImageMode = key("embed", "embed: DST holds each image's bytes (self-contained; it cannot change "
+                          "under the loader); reference: its path and sha256, checked when read", flag="--images")
+    root: str | None = key(None, "the folder relative image paths are read from; null: the data file's folder "
+                           "(LLaMA-Factory's rule)", flag="--image-root")
+    max_pixels: int | None = key(None, "the most pixels an image is resized to (fewer image tokens, less "
+                                 "memory); null: the processor config's", flag="--max-pixels", gt=0,
+                                 limit="must be a positive number of pixels or null, got {value}")
+    min_pixels: int | None = key(None, "the fewest pixels an image is resized to; null: the processor "
+                                 "config's", flag="--min-pixels", gt=0,
+                                 limit="must be a positive number of pixels or null, got {value}")
+
+
 class SourceKeys(Section):
     """The keys of one `sources` entry that are its own; it may set `SOURCE_OPTIONS` too."""
 
@@ -183,6 +199,7 @@ class ConfigFile(Section):
     mask_options: MaskTokens = Field(default_factory=MaskTokens, description=MaskTokens.__doc__)
     split: Split = Field(default_factory=Split, description=Split.__doc__)
     output: Output = Field(default_factory=Output, description=Output.__doc__)
+    images: Images = Field(default_factory=Images, description=Images.__doc__)
     default_system: str | None = key(DEFAULT_SYSTEM_TEXT, "system message inserted where a conversation has "
                                      "none; null: none; not given: the template's own (presets: this default; "
                                      "hf: the one its chat_template writes, or none)")

@@ -19,6 +19,7 @@ from etl.config.file import (
     ConfigFile,
     DedupMode,
     Eot,
+    ImageMode,
     MixBy,
     MixTotal,
     PairFit,
@@ -34,6 +35,9 @@ DEFAULT_CHUNK_BYTES = 16 << 20
 # A chunk costs ~12x its size while parsed and assembled (docs/design.md "Memory"): 1 GiB is ~12 GiB at
 # work. --chunk-mb 100000 made the reader ask for one 100 GB block (MemoryError).
 MAX_CHUNK_BYTES = 1 << 30
+
+
+IMAGE_SETTINGS = ("images", "image_root", "max_pixels", "min_pixels")
 
 
 def at(path: str) -> Any:
@@ -99,6 +103,11 @@ class RunConfig(Settings):
     max_record_bytes: int = at("preprocessing.max_record_bytes")
     storage_format: StorageFormat | None = at("output.storage_format")
     max_tokens_per_shard: int = at("output.max_tokens_per_shard")
+    images: ImageMode = at("images.mode")
+    image_root: str | None = at("images.root")
+    max_pixels: int | None = at("images.max_pixels")
+    min_pixels: int | None = at("images.min_pixels")
+
     @property
     def domain_key(self) -> str | None:
         """The record key naming each example's domain: the input's `domain_key` option."""
@@ -109,9 +118,11 @@ class RunConfig(Settings):
         `tokenizer_backend` changes no id (the run checks it), so it is left out: the manifest's
         `token_cache.backend` says which encoded the run. So are `storage_format` and
         `max_tokens_per_shard`: the Parquet output is the same with or without token files, which
-        the export stage's record (`_export.json`) describes."""
+        the export stage's record (`_export.json`) describes. The image settings are the manifest's
+        `images` (a run with a vision processor: etl.pipeline.resources), not here: a text run's
+        config and identity stay what they were."""
         body = self.model_dump(exclude={"chunk_bytes", "max_record_bytes", "tokenizer_backend",
-                                        "storage_format", "max_tokens_per_shard"})
+                                        "storage_format", "max_tokens_per_shard", *IMAGE_SETTINGS})
         body |= {"domain_key": self.domain_key, "chunk_bytes": self.chunk_bytes,
                  "max_record_bytes": self.max_record_bytes}
         return body

@@ -26,9 +26,10 @@ KEYS_SHOWN = 12
 KEY_CHARS = 40
 # The canonical message; train/weight stay NULL unless the record sets them per message.
 MESSAGE_TYPE = "struct(role varchar, content varchar, train boolean, weight double)"
-# Conversation builders add a message's reasoning and its tool calls (each call's JSON text).
+# Conversation builders add a message's reasoning, its tool calls (each call's JSON text) and
+# where its images go (character offsets into `content`; NULL without images: etl.images).
 CHAT_MESSAGE_TYPE = ("struct(role varchar, content varchar, train boolean, weight double, "
-                     "reasoning varchar, calls varchar[])")
+                     "reasoning varchar, calls varchar[], image_at integer[])")
 # Builder arguments that the run supplies, not the config: the template's roles, and whether
 # the template renders tools and tool calls itself (else they are text in the messages).
 RUN_ARGS = ("roles", "template_tools")

@@ -39,6 +39,9 @@ from etl.formats.conversation_sql import (
     CALL_PARTS,
     PART_DETAIL,
     PART_ERROR,
+    PART_REFS,
+    PARTS_AT,
+    PLACEHOLDER_AT,
     QUERY,
     REASONING_PARTS,
     TEXT,
@@ -55,6 +58,10 @@ DEFAULT_TOOLS_PREFIX = "# Tools\n\n"
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 REASONING_PART_TYPES = ("reasoning", "thinking")
 TOOL_CALL_PART_TYPES = ("tool_call",)
+# Image parts: TRL / transformers `{"type": "image", "image" | "url" | "path": ...}` and OpenAI's
+# `{"type": "image_url", "image_url": {"url": ...}}`; LLaMA-Factory's and LLaVA's placeholder.
+IMAGE_PART_TYPES = ("image", "image_url")
+IMAGE_PLACEHOLDER = "<image>"
 # Message fields an option reads when set to them: the unread-field warning names the option.
 # LLaMA-Factory's v1 data names the weight `loss_weight`; axolotl names the train flag `training`.
 FIELD_OPTIONS = {
@@ -95,6 +102,9 @@ def _query_body(per_message: dict[str, str]) -> str:
         part_error=PART_ERROR,
         text=TEXT,
         part_detail=PART_DETAIL,
+        parts_at=PARTS_AT,
+        part_refs=PART_REFS,
+        placeholder_at=PLACEHOLDER_AT,
         role_is_string=is_string("p.m.role"),
         reasoning_is_string=is_string("p.m.reasoning"),
         reasoning_parts=REASONING_PARTS,
@@ -120,10 +130,10 @@ def _query_body(per_message: dict[str, str]) -> str:
 
 # `_conversation_builder` arguments checked by `_validate`: keys (JSON field names), lists of names, strings.
 KEY_ARGS = ("messages_key", "role_key", "content_key", "train_key", "weight_key", "tool_calls_key", "system_key",
-            "tools_key", "domain_key")
+            "tools_key", "domain_key", "images_key")
 NAME_LIST_ARGS = ("text_part_types", "reasoning_part_types", "tool_call_part_types", "reasoning_keys",
-                  "tool_call_roles", IGNORE_OPTION)
-STRING_ARGS = ("part_separator", "tools_prefix")
+                  "tool_call_roles", "image_part_types", IGNORE_OPTION)
+STRING_ARGS = ("part_separator", "tools_prefix", "image_placeholder")
 
 
 def _validate(args: Mapping[str, Any]) -> None:
@@ -186,9 +196,16 @@ def _conversation_builder(
     parse_think: bool = True,
     ignore_fields: Sequence[str] = (),
     template_tools: bool = False,
+    images_key: str | None = "images",
+    image_part_types: Sequence[str] = IMAGE_PART_TYPES,
+    image_placeholder: str = IMAGE_PLACEHOLDER,
+    read_images: bool = True,
     **_: Any,
 ) -> BuilderQuery:
     """The query of `chat` and `sharegpt` (`shape` says which); every key and string is a bound parameter.
+
+    `read_images` False (a preference side, which has no image columns) leaves image parts
+    unsupported, as they were before images were read.
 
     Its `unread` check warns about message fields that none of the keys reads and
     `ignore_fields` does not list.
@@ -199,6 +216,7 @@ def _conversation_builder(
     _validate(locals())
     # A part type read as text is text only (a config that lists `reasoning` in text_part_types).
     reasoning_part_types = [t for t in reasoning_part_types if t not in text_part_types]
+    image_part_types = [t for t in image_part_types if t not in text_part_types]
     tool_call_part_types = [t for t in tool_call_part_types if t not in text_part_types]
     msg, per_message = _message_slots(role_key=role_key, content_key=content_key, train_key=train_key,
                                       weight_key=weight_key, tool_calls_key=tool_calls_key,
@@ -207,11 +225,14 @@ def _conversation_builder(
     slots = {
         "msgs": top.slot(messages_key, [msg.structure()]),
         "sys": top.slot(system_key), "tools": top.slot(tools_key), "dom": top.slot(domain_key),
+        "imgs": top.slot(images_key if read_images else None),
     }
     body = _query_body(per_message)
     params = base_params(structure=top.structure(), roles=roles) | {
         "messages_path": json_key_path(messages_key),
-        "parts": json.dumps([{"type": "JSON", "text": "JSON", "value": "JSON"}]),
+        "parts": json.dumps([dict.fromkeys(("type", "text", "value", "image", "url", "path", "image_url"), "JSON")]),
+        "read_images": read_images, "image_part_types": list(image_part_types) if read_images else [],
+        "placeholder": image_placeholder, "images_key": images_key or "",
         "map_from": list(role_map), "map_to": list(role_map.values()),
         "part_types": list(text_part_types), "sep": part_separator, "tools_prefix": tools_prefix,
         "reasoning_part_types": list(reasoning_part_types), "tool_call_part_types": list(tool_call_part_types),
@@ -231,7 +252,7 @@ def preset(shape: Shape) -> Builder:
     input type's options and defaults from its builder's keyword arguments."""
     full = inspect.signature(_conversation_builder, eval_str=True).parameters.values()
     offered = [p.replace(default=shape.defaults.get(p.name, p.default)) for p in full
-               if p.name != "shape" and p.name not in shape.fixed]
+               if p.name not in ("shape", "read_images") and p.name not in shape.fixed]
 
     def build(**options: Any) -> BuilderQuery:
         # Options of the other shape are ignored, as any option the builder does not take.

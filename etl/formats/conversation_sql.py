@@ -60,6 +60,15 @@ checked as (
         -- Templates that render tools themselves get them as the `tools` column; others read
         -- them as text in the system message.
         case when not $template_tools and tools_raw_kept is not null then $tools_prefix || tools_raw_kept end as tools_text,
+        -- Images (etl.images): parts of an image type, or with a top-level image list and no such
+        -- part, the placeholder in the text (LLaMA-Factory / LLaVA). Without either, text that spells
+        -- the placeholder is text.
+        $read_images and list_bool_or(list_transform(ps, lambda p: coalesce(list_bool_or(list_transform(p.parts,
+            lambda q: list_contains($image_part_types, q.type ->> '$'))), false))) as image_parts,
+        case when not $read_images or imgs is null then null
+            when starts_with(imgs, '[') then json_transform(imgs, '["JSON"]')::varchar[]
+            else [imgs::varchar] end as top_images,
+        top_images is not null and not image_parts and $placeholder <> '' as placeholders,
         coalesce(ps[1].role = 'system', false) as has_system,
         not has_system and coalesce(sys_text, tools_text) is not null as add_system
     from parsed
@@ -69,7 +78,11 @@ split as (
         *,
         list_transform(ps, lambda p: struct_pack(
             p := p,
-            text := coalesce({text}, ''),
+            text := case when placeholders then replace(coalesce({text}, ''), $placeholder, '')
+                else coalesce({text}, '') end,
+            image_at := case when image_parts then {parts_at} when placeholders then {placeholder_at} end,
+            image_refs := case when image_parts then {part_refs}
+                when placeholders then list_transform({placeholder_at}, lambda i: null::varchar) end,
             reasoning := coalesce(p.m.reasoning ->> '$', nullif({reasoning_parts}, '')),
             -- tool calls: the message's list (each item's JSON text) then its tool_call parts
             calls := list_concat(
@@ -83,6 +96,16 @@ split as (
             as call_at
     from checked
 ),
+imaged as (
+    -- Every image of the record in order: a part's own reference, else the next of the top-level list.
+    select
+        *,
+        flatten(list_transform(ss, lambda s: coalesce(s.image_refs, []))) as slots,
+        len(list_filter(slots, lambda x: x is null)) as open_slots,
+        case when len(slots) > 0 then list_transform(range(1, len(slots) + 1), lambda j: coalesce(slots[j],
+            top_images[len(list_filter(slots[1:j], lambda x: x is null))])) end as images
+    from split
+),
 think as (
     -- Inline reasoning (`<think>R</think>C` in assistant content, distilled reasoning data) is
     -- split off as Qwen3's template does: R is what precedes the first </think>, after the
@@ -93,15 +116,16 @@ think as (
         *,
         case when $parse_think and list_bool_or(list_transform(ss, lambda s: contains(s.text, '</think>')))
         then list_transform(ss, lambda s: case
-            when s.p.role = 'assistant' and s.reasoning is null
+            -- (a message with images keeps its text: the offsets point into it)
+            when s.p.role = 'assistant' and s.reasoning is null and coalesce(len(s.image_at), 0) = 0
                 and contains(s.text, '</think>') and not list_contains($tool_call_roles, s.p.source_role)
             then struct_pack(p := s.p,
                 text := ltrim(string_split(s.text, '</think>')[-1], {nl}),
                 reasoning := ltrim(string_split(rtrim(string_split(s.text, '</think>')[1], {nl}), '<think>')[-1], {nl}),
-                calls := s.calls)
+                calls := s.calls, image_at := s.image_at, image_refs := s.image_refs)
             else s end)
         else ss end as ts
-    from split
+    from imaged
 ),
 built as (
     select
@@ -117,7 +141,8 @@ built as (
             train := s.p.train,
             weight := s.p.weight,
             reasoning := s.reasoning,
-            calls := case when $template_tools and len(s.calls) > 0 then s.calls end
+            calls := case when $template_tools and len(s.calls) > 0 then s.calls end,
+            image_at := s.image_at
         )::{message}) as base
     from think
 ),
@@ -132,6 +157,7 @@ final as (
                 or starts_with(tools, '{{')) then 'bad_tools'
             when err_at is not null then errs[err_at]
             when call_at is not null then 'bad_tool_call'
+            when open_slots <> coalesce(len(top_images), 0) then 'image_count_mismatch'
             when add_system and not list_contains($roles, 'system') then 'unknown_role'
         end as reason,
         case reason {head_details}
@@ -142,6 +168,9 @@ final as (
             when 'not_a_string' then '"' || $system_key || '" is ' || {sys_kind} || ', not a string'
             when 'bad_tools' then '"' || $tools_key || '" is ' || {tools_kind}
                 || '; expected a JSON string, list or object'
+            when 'image_count_mismatch' then open_slots || ' image ' || case when placeholders
+                then 'placeholder(s) ' || $placeholder else 'part(s) without an image' end
+                || ' but "' || $images_key || '" holds ' || coalesce(len(top_images), 0) || ' image(s)'
             when 'bad_tool_call' then 'message ' || (call_at - 1) || ' has a tool call without a "name": '
                 || left(coalesce(list_filter(ss[call_at].calls, lambda c: {call_bad})[1], 'null'), 80)
             else 'message ' || (err_at - 1) || ' ' || case reason
@@ -172,19 +201,20 @@ final as (
         case when reason is null then case
             when add_system then [struct_pack(role := 'system', content := concat_ws({nl} || {nl}, sys_text, tools_text),
                 train := null::boolean, weight := null::double, reasoning := null::varchar,
-                calls := null::varchar[])::{message}] || base
+                calls := null::varchar[], image_at := null::integer[])::{message}] || base
             when tools_text is not null then [struct_pack(role := 'system',
                 content := concat_ws({nl} || {nl}, nullif(base[1].content, ''), tools_text),
                 train := base[1].train, weight := base[1].weight, reasoning := base[1].reasoning,
-                calls := base[1].calls)::{message}] || base[2:]
+                calls := base[1].calls, image_at := base[1].image_at)::{message}] || base[2:]
             else base end
         end as messages,
         case when reason is null and $template_tools then tools_raw_kept end as tools,
+        case when reason is null then images end as images,
         dom ->> '$' as domain,
         case when reason is not null then left(line, $preview) end as raw
     from built
 )
-select source_line, reason, detail, raw, messages, domain, tools from final"""
+select source_line, reason, detail, raw, messages, domain, tools, images from final"""
 
 # A message's text: the string content, or its text parts joined (a single part is the common
 # case and skips the join: docs/design.md, Measured costs).
@@ -193,6 +223,24 @@ TEXT = """(case when p.parts is null then p.m.content ->> '$'
         then coalesce(p.parts[1].text, p.parts[1].value) ->> '$'
     else array_to_string(list_transform(list_filter(p.parts, lambda q: list_contains($part_types, q.type ->> '$')),
         lambda q: coalesce(q.text, q.value) ->> '$'), $sep) end)"""
+
+# An image part's reference as JSON text (a path, a URI, or HF datasets' {bytes, path}), NULL for a
+# bare `{"type": "image"}` (TRL's vision datasets: the next image of the top-level list).
+IMAGE_REF = """coalesce(q.image, q.url, q.path,
+    case when starts_with(q.image_url, '{') then q.image_url -> '$.url' else q.image_url end)::varchar"""
+
+# Each image part's character offset in the message's text: the length of the text parts before it.
+PARTS_AT = """list_transform(
+    list_filter(range(1, len(p.parts) + 1), lambda i: list_contains($image_part_types, p.parts[i].type ->> '$')),
+    lambda i: length(array_to_string(list_transform(list_filter(p.parts[1:i - 1],
+        lambda q: list_contains($part_types, q.type ->> '$')), lambda q: coalesce(q.text, q.value) ->> '$'), $sep))::integer)"""
+
+PART_REFS = f"""list_transform(list_filter(p.parts, lambda q: list_contains($image_part_types, q.type ->> '$')),
+    lambda q: {IMAGE_REF})"""
+
+# Each placeholder's offset in the text with the placeholders taken out.
+PLACEHOLDER_AT = f"""list_transform(range(1, len(string_split(coalesce({TEXT}, ''), $placeholder))),
+    lambda i: length(array_to_string(string_split(coalesce({TEXT}, ''), $placeholder)[1:i], ''))::integer)"""
 
 # Reasoning parts (`reasoning` / `thinking`) joined like text parts; '' when there are none.
 REASONING_PARTS = """array_to_string(list_transform(
@@ -218,15 +266,21 @@ CALL_BAD = """case when not json_valid(c) then true when json_type(c) <> 'OBJECT
 # Per content part: the first problem, NULL for a usable text part.
 PART_ERROR = """case
     when q is null or coalesce(q.type, q.text, q.value) is null or not {type_is_string} then 'bad_content_part'
+    when list_contains($image_part_types, q.type ->> '$') then case
+        when not coalesce(starts_with(({ref}), '"') or starts_with(({ref}), '{{'), {bare}) then 'bad_content_part' end
     when list_contains($tool_call_part_types, q.type ->> '$') then case
         when not ({text_is_string} or starts_with(coalesce(q.text, q.value), '{{')) then 'bad_content_part' end
     when not list_contains($part_types || $reasoning_part_types, q.type ->> '$') then 'unsupported_content'
     when not {text_is_string} then 'bad_content_part'
-end""".format(type_is_string=is_string("q.type"), text_is_string=is_string("coalesce(q.text, q.value)"))
+end""".format(type_is_string=is_string("q.type"), text_is_string=is_string("coalesce(q.text, q.value)"),
+             ref=IMAGE_REF, bare="coalesce(q.image, q.url, q.path, q.image_url) is null")
 
 PART_DETAIL = """'content part ' || (part_at - 1) || case
     when errs[err_at] = 'unsupported_content' then ' has type "' || (ps[err_at].parts[part_at].type ->> '$')
-        || '"; supported part types: ' || array_to_string($part_types || $reasoning_part_types || $tool_call_part_types, ', ')
+        || '"; supported part types: ' || array_to_string($part_types || $reasoning_part_types || $tool_call_part_types || $image_part_types, ', ')
     when not {type_is_string} then ' is not an object with a string "type"'
+    when list_contains($image_part_types, ps[err_at].parts[part_at].type ->> '$') then ' of type "'
+        || (ps[err_at].parts[part_at].type ->> '$') || '" has no image: expected "image", "url" or "path" '
+        || '(a path, a URI or {{"bytes", "path"}}) or "image_url": {{"url": ...}}'
     else ' of type "' || (ps[err_at].parts[part_at].type ->> '$') || '" has no string "text" or "value"'
 end""".format(type_is_string=is_string("ps[err_at].parts[part_at].type"))

@@ -101,7 +101,8 @@ SIDE = {
     "direct": "select source_line, reason, detail, messages, domain, tools from {table}",
     "text": f"""select source_line, reason, detail,
     list_transform(messages, lambda m: struct_pack(role := m.role, content := m.content, train := m.train,
-        weight := m.weight, reasoning := null::varchar, calls := null::varchar[])::{CHAT_MESSAGE_TYPE}) as messages,
+        weight := m.weight, reasoning := null::varchar, calls := null::varchar[],
+        image_at := null::integer[])::{CHAT_MESSAGE_TYPE}) as messages,
     domain, null::varchar as tools from {{table}}""",
 }
 

@@ -169,7 +169,8 @@ def _side_queries(roles: Sequence[str], sides: dict[str, str], options: dict[str
     """Route -> side -> the query that parses it: a side's own key read in place (a whole
     conversation, or a transcript string), or the rewrite's messages (prompt + completion)."""
     def chat(key: str) -> BuilderQuery:
-        return conversation.chat_builder(roles=roles, messages_key=key, template_tools=template_tools, **options)
+        return conversation.chat_builder(roles=roles, messages_key=key, template_tools=template_tools,
+                                         read_images=False, **options)
 
     def text(key: str) -> BuilderQuery:
         return transcript.transcript_builder(roles=roles, text_key=key, markers=markers, strip=strip,

@@ -32,7 +32,7 @@ from etl.ingest.location import checks, display, filesystem, scheme
 REMOTE, MISSING, UNREADABLE = "remote_image", "missing_image", "unreadable_image"  # reject reasons
 SCHEMA = pa.schema([("width", pa.int32()), ("height", pa.int32()), ("bytes", pa.binary()),
                     ("path", pa.string()), ("sha256", pa.string()), ("reason", pa.string()),
-                    ("detail", pa.string())])
+                    ("detail", pa.string()), ("location", pa.string())])
 # EXIF orientations that transpose the image (ImageOps.exif_transpose: TRANSPOSE, ROTATE_270,
 # TRANSVERSE, ROTATE_90): load_image's width is the file's height.
 TRANSPOSED = frozenset({5, 6, 7, 8})
@@ -52,10 +52,12 @@ class _Reject(Exception):
 
 
 class _Found(NamedTuple):
-    """A reference's bytes and its `path` column (the path as written; None for bytes)."""
+    """A reference's bytes, its `path` column (the path as written; None for bytes) and where it was
+    read (`location`: the absolute path or URI; None for bytes and data URIs)."""
 
     data: bytes
     path: str | None
+    location: str | None = None
 
 
 def decode_rgb(data: bytes) -> Image.Image:
@@ -204,14 +206,15 @@ def _locate(ref: Any, base: str | None, root: str | None) -> _Found:
     if isinstance(ref, Mapping):  # Hugging Face datasets' Image: bytes win over the path
         data, path = ref.get("bytes"), ref.get("path")
         if data is not None:
-            return _locate(data, base, root)._replace(path=_text(path))
+            return _locate(data, base, root)._replace(path=_text(path), location=None)
         if path is None:
             raise _Reject(MISSING, "image {bytes: null, path: null}: neither bytes nor a path")
         return _locate(path, base, root)
     if isinstance(ref, (bytes, bytearray, memoryview)):
         return _Found(bytes(ref), None)
     if isinstance(ref, str):
-        return _Found(_from_text(ref, base, root), _text(ref))
+        path = _text(ref)
+        return _Found(_from_text(ref, base, root), path, path and _resolve(ref, base, root))
     if ref is None:
         raise _Reject(MISSING, "image null: no reference")
     raise _Reject(UNREADABLE, f"image {_name(ref)}: not a path, URI, bytes or {{bytes, path}}")
@@ -228,7 +231,7 @@ def _read_one(ref: Any, base: str | None, root: str | None, keep_bytes: bool) ->
         found = _locate(ref, base, root)
     except _Reject as reject:
         path = _text(ref.get("path") if isinstance(ref, Mapping) else ref)
-        return None, None, None, path, None, reject.reason, reject.detail
+        return None, None, None, path, None, reject.reason, reject.detail, None
     digest = hashlib.sha256(found.data).hexdigest()
     try:
         width, height = header_size(found.data)
@@ -236,8 +239,8 @@ def _read_one(ref: Any, base: str | None, root: str | None, keep_bytes: bool) ->
         first = ("no image format Pillow reads" if isinstance(exc, UnidentifiedImageError)  # its
                  else (str(exc).strip().splitlines() or [type(exc).__name__])[0])  # text: a BytesIO
         detail = f"image {_name(ref)}: not an image Pillow can open ({first})"
-        return None, None, None, found.path, digest, UNREADABLE, detail
-    return width, height, found.data if keep_bytes else None, found.path, digest, None, None
+        return None, None, None, found.path, digest, UNREADABLE, detail, found.location
+    return width, height, found.data if keep_bytes else None, found.path, digest, None, None, found.location
 
 
 def read_images(refs: Sequence[Any], *, base: str | None, root: str | None, keep_bytes: bool,
@@ -245,7 +248,8 @@ def read_images(refs: Sequence[Any], *, base: str | None, root: str | None, keep
     """One row per reference (SCHEMA): `width`, `height` as load_image sees the image (after its
     EXIF orientation), `bytes` (the file's, when `keep_bytes`), `path` (as written; null for bytes
     and data URIs), `sha256` (hex of the bytes, whenever they were read), `reason` (REMOTE, MISSING
-    or UNREADABLE; null when fine) and `detail` (one line naming the reference).
+    or UNREADABLE; null when fine), `detail` (one line naming the reference) and `location` (the
+    absolute path or URI it was read from; null for bytes and data URIs).
 
     Relative paths are joined to `root` when given, else to `base` (the data file's folder), else
     to the current folder. Each image's file is read whole (its sha256 needs every byte) but only

@@ -72,15 +72,28 @@ UNPAIRED_SCHEMA = pa.schema(_COMMON + [
 KIND_SCHEMAS = {SFT: DATA_SCHEMA, PREFERENCE: PAIR_SCHEMA, UNPAIRED: UNPAIRED_SCHEMA}
 
 
-def data_schema(*, weights: bool) -> pa.Schema:
-    """The `data` schema; with per-message weights it gains `loss_weight` list<float32>."""
-    return DATA_SCHEMA.append(pa.field(c.LOSS_WEIGHT, pa.list_(pa.float32()))) if weights else DATA_SCHEMA
+# What a run with an image processor adds (etl.pipeline.images): HF datasets' `Image` structs, so
+# `load_dataset(DST)` gives PIL images; each image's sha256 and [t, h, w] grid; the image tokens.
+IMAGE_FIELDS = [
+    pa.field(c.IMAGES, pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))),
+    pa.field(c.IMAGE_SHA256, pa.list_(pa.string())),
+    pa.field(c.IMAGE_GRID_THW, pa.list_(pa.list_(pa.int32()))),
+    pa.field(c.NUM_IMAGE_TOKENS, pa.int32()),
+]
 
 
-def data_table(examples: pa.Table, *, weights: bool) -> pa.Table:
+def data_schema(*, weights: bool, images: bool = False) -> pa.Schema:
+    """The `data` schema; with per-message weights it gains `loss_weight` list<float32>, with images
+    `IMAGE_FIELDS`."""
+    fields = [*DATA_SCHEMA, *([pa.field(c.LOSS_WEIGHT, pa.list_(pa.float32()))] if weights else []),
+              *(IMAGE_FIELDS if images else [])]
+    return pa.schema(fields)
+
+
+def data_table(examples: pa.Table, *, weights: bool, images: bool = False) -> pa.Table:
     """A `data` part of assembled examples: `assistant_masks` is `loss_mask` itself (zero copy)."""
     masks = examples.append_column(c.ASSISTANT_MASKS, examples.column(c.LOSS_MASK))
-    return conform(masks, data_schema(weights=weights))
+    return conform(masks, data_schema(weights=weights, images=images))
 
 
 TURNS_SCHEMA = pa.schema(

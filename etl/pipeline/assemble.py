@@ -140,6 +140,7 @@ def assemble(
     eos_ids: list[int],
     system_ids: list[int] | None = None,
     weights: bool = False,
+    untrained: tuple[int, ...] = (),
 ) -> Assembled:
     """Token lists of every conversation with at least one whole-kept turn.
 
@@ -149,6 +150,8 @@ def assemble(
         eos_ids: ids put once after each conversation (may be empty).
         system_ids: the content ids of injected system turns (their rows hold none).
         weights: also build per-token loss weights from the messages' `weight` (default 1).
+        untrained: ids that never train wherever they stand (an image's span: only an image gives
+            them, since text that spells them is tokenized as text).
     """
     rows = np.flatnonzero(turns[c.KEEP_WHOLE].to_numpy())  # per-turn arrays only: ids stay in place
     n = len(rows)
@@ -172,6 +175,8 @@ def assemble(
 
     ids = gather_pieces(sources, piece_source.ravel(), src_start, clipped)
     mask = np.repeat(flags.ravel(), clipped)
+    if untrained:  # one pass over the ids, only in runs with images
+        mask &= ~np.isin(ids, untrained)
 
     weight = None
     if weights:

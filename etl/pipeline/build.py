@@ -10,6 +10,7 @@ from etl import columns as c
 from etl.pipeline import stages as st
 from etl.pipeline.accounting import Timings
 from etl.pipeline.assemble import Assembled, assemble
+from etl.pipeline.images import IMAGE_DATA, record_tokens
 from etl.pipeline.resources import Resources
 
 
@@ -24,7 +25,8 @@ def records_frame(
     n = good.num_rows
     return (
         # The record's tool list when the template renders it (the builder's `tools` column).
-        pl.from_arrow(good.select([c.SOURCE_LINE, "messages"] + [c.TOOLS] * (c.TOOLS in good.column_names)))
+        pl.from_arrow(good.select([c.SOURCE_LINE, "messages"] + [c.TOOLS] * (c.TOOLS in good.column_names)
+                                  + [IMAGE_DATA] * (IMAGE_DATA in good.column_names)))
         .with_row_index(c.CONV)
         .with_columns(
             pl.lit(source_name).alias(c.SOURCE_FILE),
@@ -36,6 +38,7 @@ def records_frame(
             ),
             pl.Series(c.SPLIT, split if split is not None else ["train"] * n, dtype=pl.String),
         )
+        .with_columns([record_tokens()] if IMAGE_DATA in good.column_names else [])
     )
 
 
@@ -132,11 +135,13 @@ def build_examples(
             bos_len=len(res.bos),
             eos_len=len(res.eos),
             truncation=cfg.truncation,
+            span=res.image_span,
             # A chunk fits in memory by design; Polars 2's default streaming engine spent more CPU
             # on this plan (docs/design.md, Measured costs) and calls `encode` just as once.
         ).collect(engine="in-memory")
     with timings.timed("assemble"):
-        built = assemble(plan, bos_ids=res.bos, eos_ids=res.eos, system_ids=res.system_ids, weights=res.weights)
+        built = assemble(plan, bos_ids=res.bos, eos_ids=res.eos, system_ids=res.system_ids, weights=res.weights,
+                         untrained=res.image_span.ids if res.image_span else ())
         # The per-turn ids are in `built` now; without them the plan is a few numbers per turn
         # (the caller joins and writes it as `turns`, which would copy them again).
         plan = plan.drop(c.HEADER_IDS, c.REASONING_IDS, c.CONTENT_IDS, c.CALLS_IDS, c.END_IDS, c.SEP_IDS, c.REASONING,

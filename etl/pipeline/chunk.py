@@ -24,6 +24,13 @@ from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_table
 from etl.output.part_writer import PartWriter
 from etl.pipeline.accounting import Counts, Timings, tally
 from etl.pipeline.build import build_examples, records_frame
+from etl.pipeline.images import (
+    IMAGE_DATA,
+    example_images,
+    image_keys,
+    read_chunk_images,
+    with_images,
+)
 from etl.pipeline.joins import control_texts, spells_control
 from etl.pipeline.pairs import write_pairs
 from etl.pipeline.resources import Resources
@@ -96,6 +103,11 @@ def process_chunk(source: Source, parsed: pa.Table, state: RunState) -> None:
     counts.read += parsed.num_rows
     counts.read_per_file[source.name] += parsed.num_rows
     good = _split_parsed(parsed, source, counts, state.parts)
+    good, bad_images = read_chunk_images(good, source_path=str(source.path), rule=res.vision, root=cfg.image_root,
+                                         embed=cfg.images == "embed", seq_len=cfg.seq_len)
+    if bad_images is not None:
+        tally(counts.rejected, bad_images.column(c.REASON))
+        state.parts.write(c.REJECTS_DIR, _rejects_table(source, bad_images))
     _warn_unwritten_weights(good, res, state.warned)
     if good.num_rows == 0:
         return
@@ -105,6 +117,7 @@ def process_chunk(source: Source, parsed: pa.Table, state: RunState) -> None:
             keys, draws = record_keys(
                 res.con, good, source=source.name, exact=cfg.dedup_mode == "exact", split_seed=cfg.split_seed
             )
+            keys = keys ^ image_keys(good)  # the same text over other images is another example
         if cfg.deduplicate:
             fresh = state.dedup.keep(keys)
             counts.dropped[DUPLICATE] += int((~fresh).sum())
@@ -128,6 +141,8 @@ def _write_sft_chunk(source: Source, good: pa.Table, split: pa.Array, state: Run
     res, counts, timings = state.res, state.counts, state.timings
     records = records_frame(source.name, good, domain=domains(good, state.domain), split=split)
     examples, plan = build_examples(records, res, timings)
+    if IMAGE_DATA in records.columns:
+        examples = with_images(examples, example_images(records, plan))
     spelled = records.filter(spells_control(records, control_texts(res.tokenizer)))[c.CONV]
     dropped = examples.with_columns(
         pl.coalesce(
@@ -139,7 +154,7 @@ def _write_sft_chunk(source: Source, good: pa.Table, split: pa.Array, state: Run
     with timings.timed("write"):
         kept = dropped.filter(pl.col("why").is_null()) if len(why) else dropped  # a filter copies the ids
         counts.special_text += int(kept[c.CONV].is_in(spelled.implode()).sum()) if len(spelled) else 0
-        _write_examples(kept, plan, counts, state.parts, weights=res.weights)
+        _write_examples(kept, plan, counts, state.parts, weights=res.weights, images=res.vision is not None)
 
 
 # The chunk writer of each kind of row (etl.kinds.KINDS).
@@ -147,7 +162,7 @@ CHUNK_WRITERS = {SFT: _write_sft_chunk, PREFERENCE: _write_pair_chunk, UNPAIRED:
 
 
 def _write_examples(
-    examples: pl.DataFrame, plan: pl.DataFrame, counts: Counts, parts: PartWriter, *, weights: bool
+    examples: pl.DataFrame, plan: pl.DataFrame, counts: Counts, parts: PartWriter, *, weights: bool, images: bool
 ) -> None:
     counts.written += examples.height
     counts.truncated += int(examples[c.TRUNCATED].sum())
@@ -162,7 +177,7 @@ def _write_examples(
     for split in names:
         # One split (no val fraction): the chunk as it is, without a filter's copy of its ids.
         rows = examples if len(names) == 1 else examples.filter(pl.col(c.SPLIT) == split)
-        parts.write(f"{c.DATA_DIR}/{split}", data_table(rows.to_arrow(), weights=weights))
+        parts.write(f"{c.DATA_DIR}/{split}", data_table(rows.to_arrow(), weights=weights, images=images))
         split_turns = turns if len(names) == 1 else turns.filter(pl.col(c.SPLIT) == split)
         parts.write(f"{c.TURNS_DIR}/{split}", conform(split_turns.to_arrow(), TURNS_SCHEMA))
 

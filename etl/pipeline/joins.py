@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from etl.columns import CALLS, CONTENT, REASONING
+from etl.columns import CALLS, CONTENT, IMAGE_AT, REASONING
 from etl.ragged import range_gather
 from etl.tokens.joins import Join
 from etl.tokens.templates import TemplateIds
@@ -63,6 +63,16 @@ def run_texts(key: pl.Expr, ids: TemplateIds) -> pl.Expr:
     lead = pl.lit(pl.Series([j.text for j in leads], dtype=pl.String)).gather(key)
     trail = pl.lit(pl.Series([j.text for j in trails], dtype=pl.String)).gather(key)
     return pl.concat_str([lead, content, trail])
+
+
+def run_offsets(key: pl.Expr, ids: TemplateIds) -> pl.Expr:
+    """Each turn's image offsets (`IMAGE_AT`, into its content) as offsets into its text run: after
+    the lead, less the characters stripped off the content's start."""
+    leads = [lead for lead, _ in join_list(ids)]
+    stripped = _stripped(pl.col(CONTENT), key, leads, start=True)
+    lead_len = pl.lit(pl.Series([len(j.text) for j in leads], dtype=pl.Int32)).gather(key)
+    shift = lead_len - (pl.col(CONTENT).str.len_chars() - stripped.str.len_chars()).cast(pl.Int32)
+    return pl.col(IMAGE_AT) + shift
 
 
 def _table(ids: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:

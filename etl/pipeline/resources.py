@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -17,11 +18,13 @@ from etl.cache.folder import CacheSettings, lazy_tokenizer
 from etl.config.run_config import MaskOptions, RunConfig, RunSettings, RunSource
 from etl.errors import EtlError
 from etl.formats.builders import BuilderQuery, connect
+from etl.images.vision import VisionRule, load_vision
 from etl.ingest.discover import Source
 from etl.ingest.objects import sample
 from etl.kinds import KINDS
 from etl.output.parquet import identity_of
 from etl.pipeline.accounting import Counts
+from etl.pipeline.images import ImageSpan, span_of
 from etl.pipeline.plan import RunPlan, load_plan
 from etl.pipeline.reasoning import ReasoningRender
 from etl.pipeline.startup import builder_query_for
@@ -47,6 +50,10 @@ class Resources:
     eos: list[int]
     # Every text the chunks tokenize goes through it: repeats once, the token cache (etl.cache).
     encoder: Encoder
+    # A tokenizer folder with an image processor (etl.images.vision): its token rule, and the ids
+    # of an image's span in the token stream. None: a text model; records with images are rejected.
+    vision: VisionRule | None = None
+    image_span: ImageSpan | None = None
 
     @property
     def mask(self) -> MaskOptions:
@@ -114,9 +121,20 @@ def build_resources(
     if config.add_eos and not eos:
         token = _extra_special(tokenizer, "eos", template.eos)
         eos = encode_template_text(tokenizer, token, [token])
+    vision = load_vision_of(config)
     return Resources(plan=plan, config=config, tokenizer=tokenizer, template=ids,
                      system_ids=_system_ids(tokenizer, ids, config), con=connect() if con is None else con,
-                     bos=bos, eos=eos, encoder=encoder)
+                     bos=bos, eos=eos, encoder=encoder, vision=vision,
+                     image_span=span_of(vision, tokenizer.special_id) if vision else None)
+
+
+def load_vision_of(config: RunConfig) -> VisionRule | None:
+    """The image processor's token rule of the tokenizer's folder, with the run's pixel bounds."""
+    if config.tokenizer == "bytes":
+        return None
+    path = Path(config.tokenizer)
+    return load_vision(path if path.is_dir() else path.parent, min_pixels=config.min_pixels,
+                       max_pixels=config.max_pixels)
 
 
 def _system_ids(tokenizer: TextTokenizer, template: TemplateIds, config: RunConfig) -> list[int] | None:
@@ -174,6 +192,9 @@ def _settings(res: Resources, sources: list[Source]) -> dict[str, Any]:
         "bos_ids": res.bos,
         "eos_ids": res.eos,
         "default_system_ids": res.system_ids,
+        # A run with an image processor: its rule and how images are written (etl.pipeline.images).
+        **({"images": {**res.vision._asdict(), "span_ids": list(res.image_span or ()), "mode": res.config.images,
+                       "root": res.config.image_root}} if res.vision else {}),
     }
 
 

@@ -26,6 +26,8 @@ from etl.columns import (
     FORM,
     HEADER_IDS,
     HEADER_LEN,
+    IMAGE_AT,
+    IMAGE_TOKENS,
     INJECTED,
     KEEP_WHOLE,
     KEPT,
@@ -52,7 +54,16 @@ from etl.columns import (
     WINDOW,
 )
 from etl.config.run_config import MaskOptions
-from etl.pipeline.joins import JOIN_KEY, LEAD_TRIM, TRAIL_TRIM, join_key, run_texts, split_runs
+from etl.pipeline.images import ImageSpan, encode_with_images, turn_images
+from etl.pipeline.joins import (
+    JOIN_KEY,
+    LEAD_TRIM,
+    TRAIL_TRIM,
+    join_key,
+    run_offsets,
+    run_texts,
+    split_runs,
+)
 from etl.pipeline.reasoning import NO_WRAP, Encoder, ReasoningRender, encode_wrapped, keep_reasoning
 from etl.pipeline.tools import glue_texts, mark_forms, tokenize_calls, tools_text
 from etl.pipeline.truncation import plan_truncation
@@ -78,11 +89,13 @@ def _explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
     reasoning = pl.col(REASONING) if REASONING in names else pl.lit(None, dtype=pl.String).alias(REASONING)
     calls = pl.col(CALLS) if CALLS in names else pl.lit(None, dtype=pl.List(pl.String)).alias(CALLS)
     tools = pl.col(TOOLS_TEXT) if TOOLS_TEXT in records.collect_schema() else pl.lit(None, dtype=pl.String)
+    images = IMAGE_TOKENS in records.collect_schema()
     return (
         records.select(
             pl.col(CONV),
             pl.col("messages"),
             tools.alias(TOOLS_TEXT),
+            *([pl.col(IMAGE_TOKENS)] if images else []),
             pl.int_ranges(0, pl.col("messages").list.len(), dtype=pl.Int32).alias(TURN_INDEX),
         )
         .explode(["messages", TURN_INDEX])
@@ -98,6 +111,7 @@ def _explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
             calls.cast(pl.List(pl.String)),
             pl.lit(False).alias(INJECTED),
             TOOLS_TEXT,
+            *([pl.col(IMAGE_AT).cast(pl.List(pl.Int32)), IMAGE_TOKENS] if images else []),
         )
         # The tool list belongs to the system turn only (etl.pipeline.tools).
         .with_columns(pl.when(pl.col(TURN_INDEX) == 0).then(pl.col(TOOLS_TEXT)).alias(TOOLS_TEXT))
@@ -126,6 +140,8 @@ def _add_default_system(turns: pl.LazyFrame, *, enabled: bool, tools: bool = Fal
         pl.lit(None, dtype=pl.List(pl.String)).alias(CALLS),
         pl.lit(True).alias(INJECTED),
         pl.col(TOOLS_TEXT),
+        *([pl.lit(None, dtype=pl.List(pl.Int32)).alias(IMAGE_AT), pl.lit([], dtype=pl.List(pl.Int32))
+           .alias(IMAGE_TOKENS)] if IMAGE_AT in turns.collect_schema() else []),
     )
     return (
         pl.concat([turns.with_columns(pl.when(~needs).then(pl.col(TOOLS_TEXT)).alias(TOOLS_TEXT)), missing],
@@ -137,7 +153,7 @@ def _add_default_system(turns: pl.LazyFrame, *, enabled: bool, tools: bool = Fal
 
 def _tokenize_contents(
     turns: pl.LazyFrame, *, encode: Encoder, template: TemplateIds, system_ids: list[int],
-    reasoning: ReasoningRender = NO_WRAP,
+    reasoning: ReasoningRender = NO_WRAP, span: ImageSpan | None = None,
 ) -> pl.LazyFrame:
     """Content -> ids in one batched tokenizer call, and `CONTENT_LEN`.
 
@@ -153,10 +169,13 @@ def _tokenize_contents(
     ids_type = pl.List(pl.Int32)
     split_type = pl.Struct({CONTENT_IDS: ids_type, LEAD_TRIM: pl.Int32, TRAIL_TRIM: pl.Int32})
 
+    images = span is not None and IMAGE_AT in turns.collect_schema()
+
     def encode_runs(runs: pl.Series) -> pl.Series:
         parts = runs.struct.unnest()
-        content, lead_trim, trail_trim = split_runs(encode(parts[CONTENT].to_arrow()),
-                                                   parts[JOIN_KEY].to_numpy().astype(np.int64), template)
+        ids = (encode_with_images(encode, parts[CONTENT], parts[IMAGE_AT], parts[IMAGE_TOKENS], span)
+               if images and span is not None else encode(parts[CONTENT].to_arrow()))
+        content, lead_trim, trail_trim = split_runs(ids, parts[JOIN_KEY].to_numpy().astype(np.int64), template)
         return pl.DataFrame({CONTENT_IDS: pl.Series(content, dtype=ids_type),
                              LEAD_TRIM: lead_trim.astype(np.int32),
                              TRAIL_TRIM: trail_trim.astype(np.int32)}).to_struct(CONTENT_IDS)
@@ -166,10 +185,11 @@ def _tokenize_contents(
         return pl.Series(REASONING_IDS, ids, dtype=ids_type)
 
     key = join_key(_role_number(template.role_table()), template)
+    image_fields = [run_offsets(pl.col(JOIN_KEY), template).alias(IMAGE_AT), pl.col(IMAGE_TOKENS)] if images else []
     return (
         turns.with_columns(key.alias(JOIN_KEY))
         .with_columns(
-            pl.struct(run_texts(pl.col(JOIN_KEY), template).alias(CONTENT), pl.col(JOIN_KEY))
+            pl.struct(run_texts(pl.col(JOIN_KEY), template).alias(CONTENT), pl.col(JOIN_KEY), *image_fields)
             .map_batches(encode_runs, return_dtype=split_type).alias(CONTENT_IDS),
             pl.col(REASONING).map_batches(encode_reasoning, return_dtype=ids_type).alias(REASONING_IDS),
         )
@@ -308,6 +328,7 @@ def plan_turns(
     bos_len: int,
     eos_len: int,
     truncation: str = "drop_oldest_turns",
+    span: ImageSpan | None = None,
 ) -> pl.LazyFrame:
     """All per-turn stages in order: explode, default system, tokenize, template, mask, truncate.
 
@@ -321,12 +342,14 @@ def plan_turns(
             .alias(TOOLS_TEXT))
     turns = _explode_turns(records)
     turns = _add_default_system(turns, enabled=system_ids is not None, tools=tools is not None)
+    if span is not None and IMAGE_TOKENS in records.collect_schema():
+        turns = turn_images(turns)
     turns = keep_reasoning(turns, reasoning)
     turns = mark_forms(turns, tools)
     turns = tokenize_calls(turns, encode, tools)
     turns = glue_texts(turns, tools, default_system=system_text if system_ids is not None else None)
     turns = _tokenize_contents(turns, encode=encode, template=template, system_ids=system_ids or [],
-                               reasoning=reasoning)
+                               reasoning=reasoning, span=span)
     turns = _attach_template(turns, template.role_table())
     turns = _mark_training(turns, mask)
     turns = plan_truncation(

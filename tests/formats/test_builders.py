@@ -16,8 +16,10 @@ from etl.formats.builders import BUILDERS, BuilderQuery, run_builder
 ROLES = ("system", "user", "assistant", "tool", "text")
 COLUMNS = ["source_line", "reason", "detail", "raw", "messages", "domain"]
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string()), ("train", pa.bool_()), ("weight", pa.float64())])
-# Conversation builders add each message's reasoning and tool calls, and the record's tools.
-CHAT_MESSAGE = pa.struct([*MESSAGE, ("reasoning", pa.string()), ("calls", pa.list_(pa.string()))])
+# Conversation builders add each message's reasoning, tool calls and image offsets, and the
+# record's tools and images.
+CHAT_MESSAGE = pa.struct([*MESSAGE, ("reasoning", pa.string()), ("calls", pa.list_(pa.string())),
+                          ("image_at", pa.list_(pa.int32()))])
 
 
 def build(builder: str, *records: Any, roles: tuple[str, ...] = ROLES, **options: Any) -> list[dict[str, Any]]:
@@ -26,12 +28,12 @@ def build(builder: str, *records: Any, roles: tuple[str, ...] = ROLES, **options
     raw = pa.table({"source_line": pa.array(range(len(lines)), pa.int64()), "line": pa.array(lines, pa.large_string())})
     table = run_builder(duckdb.connect(), raw, BUILDERS[builder](roles=roles, **options))
     chat = builder in ("chat", "sharegpt")
-    assert table.column_names == COLUMNS + (["tools"] if chat else [])
+    assert table.column_names == COLUMNS + (["tools", "images"] if chat else [])
     assert table.schema.field("messages").type.value_type == (CHAT_MESSAGE if chat else MESSAGE)
     rows = table.to_pylist()
     for row in rows:  # reasoning / calls compared only where a test expects them
         for m in row["messages"] or []:
-            for key in ("reasoning", "calls"):
+            for key in ("reasoning", "calls", "image_at"):
                 if m.get(key) is None:
                     m.pop(key, None)
     return rows
@@ -119,8 +121,14 @@ def test_chat_keys_are_data_not_sql() -> None:
     ({"messages": [{"role": "assistant", "content": "x", "tool_calls": {}}]},
      ("bad_tool_calls", 'message 0 "tool_calls" is an object, not a list')),
     ({"messages": [{"role": "user", "content": []}]}, ("empty_content", 'message 0 "content" is an empty list of parts')),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]},
-     ("unsupported_content", 'message 0 content part 0 has type "image_url"; supported part types: text, reasoning, thinking, tool_call')),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "u"}}]}]},
+     ("unsupported_content", ('message 0 content part 0 has type "input_audio"; supported part types: '
+      'text, reasoning, thinking, tool_call, image, image_url'))),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "image": 5}]}]},
+     ("bad_content_part", ('message 0 content part 0 of type "image" has no image: expected "image", "url" or "path" '
+      '(a path, a URI or {"bytes", "path"}) or "image_url": {"url": ...}'))),
+    ({"messages": [{"role": "user", "content": "<image>a"}], "images": []},
+     ("image_count_mismatch", '1 image placeholder(s) <image> but "images" holds 0 image(s)')),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text"}]}]},
      ("bad_content_part", 'message 0 content part 1 of type "text" has no string "text" or "value"')),
     ({"messages": [{"role": "user", "content": ["a"]}]},

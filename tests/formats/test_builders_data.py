@@ -65,7 +65,7 @@ def msg(role: str, content: str, weight: float | None = None, *, chat: bool = Tr
         reasoning: str | None = None, calls: list[str] | None = None) -> dict[str, Any]:
     """A canonical message; conversation builders (`chat`) also carry reasoning and tool calls."""
     base = {"role": role, "content": content, "train": None, "weight": weight}
-    return {**base, "reasoning": reasoning, "calls": calls} if chat else base
+    return {**base, "reasoning": reasoning, "calls": calls, "image_at": None} if chat else base
 
 
 @pytest.mark.parametrize("name", sorted(FILES))

@@ -45,7 +45,7 @@ def chat_reference(rec: dict[str, Any]) -> list[dict[str, Any]]:
         return c if isinstance(c, str) else "".join(p.get("text", p.get("value")) for p in c)
 
     return [{"role": {"bot": "assistant"}.get(m["role"], m["role"]), "content": text(m["content"]),
-             "train": m.get("train"), "weight": m.get("weight"), "reasoning": None, "calls": None}
+             "train": m.get("train"), "weight": m.get("weight"), "reasoning": None, "calls": None, "image_at": None}
             for m in rec["messages"]]
 
 

@@ -129,11 +129,13 @@ def test_every_kind_of_reference(tmp_path: Path) -> None:
     rows = table.to_pylist()
     assert [(r["width"], r["height"], r["reason"], r["detail"]) for r in rows] == [(30, 10, None, None)] * len(refs)
     assert [r["path"] for r in rows] == [*refs[:3], None, None, None, "named.png", "img/a.png"]
+    assert [r["location"] is None for r in rows] == [r["path"] is None or r["path"] == "named.png" for r in rows]
     assert {r["sha256"] for r in rows} == {hashlib.sha256(data).hexdigest()}
     assert all(r["bytes"] == data for r in rows)
     rooted = read_images(["img/a.png"], base=str(tmp_path / "data"), root=str(tmp_path / "media"), keep_bytes=False)
     assert rooted.to_pylist()[0] | {"sha256": None} == {  # root wins over base
-        "width": 8, "height": 6, "bytes": None, "path": "img/a.png", "sha256": None, "reason": None, "detail": None}
+        "width": 8, "height": 6, "bytes": None, "path": "img/a.png", "sha256": None, "reason": None, "detail": None,
+        "location": str(tmp_path / "media" / "img" / "a.png")}  # where `--images reference` reads it again
     assert rooted["sha256"][0].as_py() == hashlib.sha256(png((8, 6))).hexdigest()  # kept when bytes are not
     as_uri = read_images(["img/a.png"], base=(tmp_path / "data").as_uri(), root=None, keep_bytes=False)
     assert as_uri["width"].to_pylist() == [30]

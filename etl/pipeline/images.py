@@ -1,0 +1,252 @@
+"""Images through the pipeline: each chunk's images read from their headers (`etl.images`), their
+tokens spliced into the content ids, and the images of the kept turns written with each example.
+
+An image's token count depends only on its height and width (the processor's resize rule,
+`etl.images.vision`), so no pixel is decoded here: the loader's workers decode them. A message's
+images sit at character offsets into its content (`IMAGE_AT`, from the builder); its content is
+tokenized in pieces between them, in the same one batched call as every other text, which gives
+the ids `apply_chat_template` gives: the image span's tokens are special, so the tokenizer never
+merges text across them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etl import columns as c
+from etl.images.read import read_images
+from etl.images.vision import MAX_RATIO, VisionRule
+from etl.ragged import range_gather
+from etl.tokens.tokenizer import offsets_to_list_array
+
+# Reject reasons of a record for its images (etl.images.read gives the reading ones).
+NO_PROCESSOR = "unsupported_content"  # images, but the tokenizer folder has no image processor
+IMAGE_SIZE = "image_size_refused"  # the processor refuses the image's aspect ratio or size
+IMAGES_TOO_LONG = "images_exceed_seq_len"  # the images' tokens alone exceed S
+IMAGE_CUT = "image_cut"  # drop reason: the truncation policy would cut an image span
+IMAGE_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # HF datasets' `Image`
+IMAGE_DATA = "image_data"  # a record's images as read (a list of structs), beside its messages
+
+
+class ImageSpan(NamedTuple):
+    """The ids of an image in the token stream: start, `tokens` x pad, end (Qwen2-VL's
+    `<|vision_start|>` + `<|image_pad|>`... + `<|vision_end|>`)."""
+
+    start: int
+    pad: int
+    end: int
+
+    @property
+    def ids(self) -> tuple[int, int, int]:
+        return (self.start, self.pad, self.end)
+
+
+def span_of(rule: VisionRule, token_id: Any) -> ImageSpan:
+    """The span's ids from the tokenizer's ids of the rule's token strings (`token_id`: str -> id or None)."""
+    ids = [token_id(t) for t in (rule.start, rule.image_token, rule.end)]
+    if any(i is None for i in ids):
+        raise ValueError(f"the tokenizer has no id for {rule.start!r}, {rule.image_token!r} or {rule.end!r}")
+    return ImageSpan(*ids)
+
+
+def _refs(images: pa.ChunkedArray) -> tuple[list[Any], np.ndarray]:
+    """Every record's image references (JSON text -> str or dict) and per record its count."""
+    counts = pc.fill_null(pc.list_value_length(images), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.list_flatten(images).to_pylist()
+    return [json.loads(r) for r in flat], counts  # per image: a file is opened for it anyway
+
+
+def _first_bad(bad: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per record, the index of its first bad image (-1: none)."""
+    owner = np.repeat(np.arange(len(counts)), counts)
+    first = np.full(len(counts), -1, np.int64)
+    rows = np.flatnonzero(bad)[::-1]  # reversed: the first bad image of a record is written last
+    first[owner[rows]] = rows
+    return first
+
+
+def _rejects(good: pa.Table, at: np.ndarray, reason: list[str | None], detail: list[str | None]) -> pa.Table:
+    rows = np.flatnonzero(at >= 0)
+    return pa.table({c.SOURCE_LINE: good.column(c.SOURCE_LINE).take(rows),
+                     c.REASON: pa.array([reason[i] for i in at[rows]], pa.string()),
+                     c.DETAIL: pa.array([detail[i] for i in at[rows]], pa.string()),
+                     c.RAW: pa.nulls(len(rows), pa.string())})
+
+
+def read_chunk_images(good: pa.Table, *, source_path: str, rule: VisionRule | None, root: str | None,
+                      embed: bool, seq_len: int) -> tuple[pa.Table, pa.Table | None]:
+    """(records kept, rejects or None) of one parsed chunk; the kept records' `IMAGES` column becomes
+    each one's images as read (`IMAGE_DATA`: bytes, path, sha256, width, height, grid, tokens), so
+    every later filter of the records keeps them aligned. A record is rejected for its first image
+    that cannot be read or whose size the processor refuses, or when its images alone need more than
+    S tokens; without an image processor every record with images is rejected."""
+    if c.IMAGES not in good.column_names:
+        return good, None
+    images = good.column(c.IMAGES)
+    good = good.drop_columns([c.IMAGES])
+    if images.null_count == len(images):
+        return good, None
+    refs, counts = _refs(images)
+    if rule is None:
+        at = np.where(counts > 0, 0, -1)
+        why = ("the record has images, but the tokenizer folder has no preprocessor_config.json: use a "
+               "vision-language model's processor folder as --tokenizer")
+        return good.filter(pa.array(at < 0)), _rejects(good, at, [NO_PROCESSOR], [why])
+    base = source_path.rpartition("/")[0] or "."
+    read = read_images(refs, base=base, root=root, keep_bytes=embed)
+    grid, ok = rule.grid(read.column("height").to_numpy(zero_copy_only=False),
+                         read.column("width").to_numpy(zero_copy_only=False))
+    tokens = np.where(ok, rule.tokens(grid), 0).astype(np.int64)
+    reason, detail = _reasons(read, refs, ok, rule)
+    at = _first_bad(np.asarray([r is not None for r in reason], bool), counts)
+    first_of = np.cumsum(counts) - counts
+    need = np.add.reduceat(tokens + 2, first_of) if len(tokens) else np.zeros(len(counts), np.int64)
+    over = (at < 0) & (counts > 0) & (np.where(counts > 0, need, 0) > seq_len)
+    for i in first_of[over]:
+        reason[i] = IMAGES_TOO_LONG
+        detail[i] = f"the record's images alone need more than S = {seq_len} tokens; raise --seq-len or lower --max-pixels"
+    at = np.where(over, first_of, at)
+    # `--images reference`: the path is where the image was read, which the loader opens again.
+    path = read.column("path" if embed else "location")
+    table = read.select(["bytes", "sha256", "width", "height"]).append_column("path", path).append_column(
+        "grid", _grid_array(grid)).append_column("tokens", pa.array(tokens, pa.int32()))
+    per_record = pa.ListArray.from_arrays(pa.array(np.concatenate(([0], np.cumsum(counts))).astype(np.int32)),
+                                          pa.StructArray.from_arrays([col.combine_chunks() for col in table.columns],
+                                                                     names=table.column_names))
+    keep = pa.array(at < 0)
+    kept = good.append_column(IMAGE_DATA, per_record).filter(keep)
+    return kept, _rejects(good, at, reason, detail) if keep.true_count != len(keep) else None
+
+
+def _reasons(read: pa.Table, refs: list[Any], ok: np.ndarray, rule: VisionRule) -> tuple[list, list]:
+    """Per image its reject reason and detail (None: fine): the reader's, else the processor's refusal."""
+    reason, detail = read.column("reason").to_pylist(), read.column("detail").to_pylist()
+    for i in np.flatnonzero(~ok):
+        if reason[i] is None:
+            reason[i] = IMAGE_SIZE
+            name = refs[i] if isinstance(refs[i], str) and len(refs[i]) < 200 else f"#{i}"
+            detail[i] = (f"image {name}: {read['width'][i]}x{read['height'][i]} is refused by {rule.processor} "
+                         f"(an aspect ratio over {MAX_RATIO}, or a side under {rule.patch_size * rule.merge_size} "
+                         "pixels)")
+    return reason, detail
+
+
+def _grid_array(grid: np.ndarray) -> pa.ListArray:
+    flat = np.ascontiguousarray(grid, dtype=np.int32).ravel()
+    return pa.ListArray.from_arrays(pa.array(np.arange(0, len(flat) + 1, 3, dtype=np.int32)), pa.array(flat))
+
+
+def record_tokens() -> pl.Expr:
+    """Per record, its images' token counts (`IMAGE_TOKENS`) from `IMAGE_DATA`."""
+    return pl.col(IMAGE_DATA).list.eval(pl.element().struct.field("tokens")).fill_null([]).alias(c.IMAGE_TOKENS)
+
+
+def turn_images(turns: pl.LazyFrame) -> pl.LazyFrame:
+    """Each turn's images: `IMAGE_FIRST` (its first image's index in the record's list) and
+    `IMAGE_TOKENS` (the token count of each), from the record's list and the turns' offsets."""
+    count = pl.col(c.IMAGE_AT).list.len().fill_null(0).cast(pl.Int32)
+    first = (count.cum_sum() - count).over(c.CONV)
+    return turns.with_columns(first.alias(c.IMAGE_FIRST)).with_columns(
+        pl.col(c.IMAGE_TOKENS).list.slice(pl.col(c.IMAGE_FIRST), count).alias(c.IMAGE_TOKENS))
+
+
+def encode_with_images(encode: Any, texts: pl.Series, at: pl.Series, tokens: pl.Series,
+                       span: ImageSpan) -> pa.LargeListArray:
+    """Ids of each text with its images spliced in at their character offsets (`at`, sorted; `tokens`:
+    pads per image): the pieces between images are encoded in one batched call, then one gather
+    interleaves pieces and image spans (no per-row Python). Texts without images are one piece."""
+    k = at.list.len().fill_null(0).to_numpy().astype(np.int64)
+    if not k.any():
+        return encode(texts.to_arrow())
+    row = np.repeat(np.arange(len(k)), k)
+    size = texts.str.len_chars().fill_null(0).to_numpy().astype(np.int64)
+    cuts = np.clip(at.explode(empty_as_null=False).drop_nulls().to_numpy().astype(np.int64), 0, size[row])
+    # Piece j of a row runs from its cut j - 1 (0 for the first) to its cut j (the text's end for the last).
+    piece_row = np.repeat(np.arange(len(k)), k + 1)
+    lo = np.zeros(len(piece_row), np.int64)
+    hi = size[piece_row].copy()
+    first = np.cumsum(k + 1) - (k + 1)
+    after = np.ones(len(piece_row), bool)
+    after[first] = False  # every piece but a row's first starts at a cut
+    lo[after] = cuts
+    before = np.ones(len(piece_row), bool)
+    before[first + k] = False  # every piece but a row's last ends at a cut
+    hi[before] = cuts
+    pieces = pl.DataFrame({"t": texts.gather(piece_row), "lo": lo, "n": hi - lo}).select(
+        pl.col("t").str.slice(pl.col("lo"), pl.col("n")))["t"]
+    pads = tokens.explode(empty_as_null=False).drop_nulls().to_numpy()
+    return _interleave(encode(pieces.to_arrow()), k, pads, span)
+
+
+def _interleave(pieces: pa.LargeListArray, k: np.ndarray, pads: np.ndarray, span: ImageSpan) -> pa.LargeListArray:
+    """Row i: piece 0, image 0, piece 1, ..., piece k[i] (k[i] + 1 pieces, k[i] images)."""
+    offsets = pieces.offsets.to_numpy()
+    values = pieces.values.to_numpy(zero_copy_only=False).astype(np.int32)
+    piece_len = np.diff(offsets)
+    image_len = pads.astype(np.int64) + 2
+    image_start = np.cumsum(image_len) - image_len
+    image_ids = np.full(int(image_len.sum()), span.pad, np.int32)
+    image_ids[image_start] = span.start
+    image_ids[image_start + image_len - 1] = span.end
+    # Interleaved order: each row's pieces and images alternate, a piece first and last.
+    n_items = 2 * k + 1
+    item_row_first = np.cumsum(n_items) - n_items
+    is_image = np.ones(int(n_items.sum()), bool)
+    piece_slot = item_row_first[np.repeat(np.arange(len(k)), k + 1)] + 2 * _ranks(k + 1)
+    is_image[piece_slot] = False
+    start = np.empty(len(is_image), np.int64)
+    length = np.empty(len(is_image), np.int64)
+    start[~is_image], length[~is_image] = offsets[:-1], piece_len
+    start[is_image], length[is_image] = image_start + len(values), image_len
+    flat = np.concatenate((values, image_ids))[range_gather(start, length)]
+    row_len = np.add.reduceat(length, item_row_first) if len(k) else np.zeros(0, np.int64)
+    return offsets_to_list_array(flat, np.concatenate(([0], np.cumsum(row_len))).astype(np.int64))
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """0..counts[i]-1 for every i, concatenated."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def example_images(records: pl.DataFrame, plan: pl.DataFrame) -> pl.DataFrame:
+    """Per conversation (`CONV`) the images of its kept turns, in order: `IMAGES` (HF datasets'
+    `Image`: bytes and path), `IMAGE_SHA256`, `IMAGE_GRID_THW`, `NUM_IMAGE_TOKENS`, and `IMAGE_CUT`
+    as its `DROP_REASON` where the hard cut falls inside a turn with images (a cut image span would
+    train on an image the processor never sees whole)."""
+    count = pl.col(c.IMAGE_AT).list.len().fill_null(0)
+    with_images = plan.filter(pl.col(c.KEPT) & (count > 0))
+    kept = (with_images.select(c.CONV, pl.int_ranges(pl.col(c.IMAGE_FIRST), pl.col(c.IMAGE_FIRST) + count,
+                                                     dtype=pl.Int32).alias("at"))
+            .group_by(c.CONV, maintain_order=True).agg(pl.col("at").list.explode(keep_nulls=False, empty_as_null=False)))
+    cut = (with_images.filter((pl.col(c.END) - pl.col(c.START)) < pl.col(c.TURN_LEN))
+           .select(pl.col(c.CONV).unique(), pl.lit(IMAGE_CUT).alias(c.DROP_REASON)))
+    image = pl.element().struct
+    return (records.select(c.CONV, IMAGE_DATA)
+            .join(kept, on=c.CONV, how="left", maintain_order="left")
+            .select(c.CONV, pl.col(IMAGE_DATA).list.gather(pl.col("at").fill_null([])).alias("kept"))
+            .select(c.CONV,
+                    pl.col("kept").list.eval(pl.struct(image.field("bytes"), image.field("path"))).alias(c.IMAGES),
+                    pl.col("kept").list.eval(image.field("sha256")).alias(c.IMAGE_SHA256),
+                    pl.col("kept").list.eval(image.field("grid")).alias(c.IMAGE_GRID_THW),
+                    pl.col("kept").list.eval(image.field("tokens")).list.sum().cast(pl.Int32).alias(c.NUM_IMAGE_TOKENS))
+            .join(cut, on=c.CONV, how="left", maintain_order="left"))
+
+
+def with_images(examples: pl.DataFrame, images: pl.DataFrame) -> pl.DataFrame:
+    """`examples` with their image columns (`example_images`), its drop reason first."""
+    return (examples.join(images.rename({c.DROP_REASON: "image_drop"}), on=c.CONV, how="left", maintain_order="left")
+            .with_columns(pl.coalesce(c.DROP_REASON, "image_drop").alias(c.DROP_REASON)).drop("image_drop"))
+
+
+def image_keys(good: pa.Table) -> np.ndarray:
+    """Per record a 64-bit key of its images' sha256s (0 without images), mixed into its dedup key."""
+    if IMAGE_DATA not in good.column_names:
+        return np.zeros(good.num_rows, np.uint64)
+    shas = pl.from_arrow(good.select([IMAGE_DATA]))[IMAGE_DATA].list.eval(pl.element().struct.field("sha256"))
+    return shas.list.join("").hash(seed=0).to_numpy().astype(np.uint64)
