@@ -8,6 +8,7 @@ Parquet go through DuckDB / pyarrow batch readers. Memory is bounded by `chunk_b
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -243,6 +244,34 @@ def _json_chunks(source: Source, chunk_bytes: int, first_bytes: int | None) -> I
 PARQUET_BATCH_ROWS = 1024  # at most this many rows converted at a time
 
 
+IMAGE_FIELDS = ("bytes", "path")  # Hugging Face datasets' `Image` feature: struct<bytes: binary, path: string>
+
+
+def _is_image(t: pa.DataType) -> bool:
+    return pa.types.is_struct(t) and sorted(f.name for f in t) == sorted(IMAGE_FIELDS) and (
+        pa.types.is_binary(t.field("bytes").type) or pa.types.is_large_binary(t.field("bytes").type))
+
+
+def _image_uris(images: pa.StructArray) -> pa.StructArray:
+    """HF `Image` structs with their bytes as `data:image/*;base64,` text (what to_json keeps whole)."""
+    data = [None if b is None else "data:image/*;base64," + base64.b64encode(b).decode()
+            for b in images.field("bytes").to_pylist()]  # per image: its bytes are read for it anyway
+    return pa.StructArray.from_arrays([pa.array(data, pa.string()), images.field("path")], names=list(IMAGE_FIELDS),
+                                      mask=images.is_null())
+
+
+def images_as_uris(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A Parquet batch whose image columns (an `Image`, or a list of them) carry their bytes as data
+    URIs: DuckDB's to_json writes a blob as escaped text (`\\x89PNG...`), which no reader decodes."""
+    columns = list(batch.columns)
+    for i, col in enumerate(columns):
+        if _is_image(col.type):
+            columns[i] = _image_uris(col)
+        elif pa.types.is_list(col.type) and _is_image(col.type.value_type):
+            columns[i] = pa.ListArray.from_arrays(col.offsets, _image_uris(col.values), mask=col.is_null())
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names) if columns != list(batch.columns) else batch
+
+
 def _parquet_chunks(source: Source, chunk_bytes: int, first_bytes: int | None) -> Iterator[pa.Table]:
     # duckdb (docs/design.md, Measured costs): only when a file is read through DuckDB
     from etl.formats.builders import connect
@@ -259,7 +288,7 @@ def _parquet_chunks(source: Source, chunk_bytes: int, first_bytes: int | None) -
         batch_rows = int(max(1, min(PARQUET_BATCH_ROWS, chunk_bytes // max(1.0, row_bytes))))
 
         def json_lines() -> Iterator[pa.Array]:
-            for batch in pf.iter_batches(batch_size=batch_rows):
+            for batch in map(images_as_uris, pf.iter_batches(batch_size=batch_rows)):
                 # Rows become JSON text so that one parser validates every input kind alike.
                 rows = con.sql("select to_json(b)::varchar as line from batch b").to_arrow_table()
                 yield rows.column(0).combine_chunks()

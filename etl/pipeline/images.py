@@ -86,12 +86,10 @@ def read_chunk_images(good: pa.Table, *, source_path: str, rule: VisionRule | No
     every later filter of the records keeps them aligned. A record is rejected for its first image
     that cannot be read or whose size the processor refuses, or when its images alone need more than
     S tokens; without an image processor every record with images is rejected."""
-    if c.IMAGES not in good.column_names:
-        return good, None
-    images = good.column(c.IMAGES)
-    good = good.drop_columns([c.IMAGES])
-    if images.null_count == len(images):
-        return good, None
+    images = good.column(c.IMAGES) if c.IMAGES in good.column_names else pa.nulls(good.num_rows, pa.list_(pa.string()))
+    good = good.drop_columns([c.IMAGES]) if c.IMAGES in good.column_names else good
+    if images.null_count == len(images):  # a run with an image processor writes its columns all the same
+        return (good if rule is None else good.append_column(IMAGE_DATA, _no_images(good.num_rows))), None
     refs, counts = _refs(images)
     if rule is None:
         at = np.where(counts > 0, 0, -1)
@@ -135,6 +133,14 @@ def _reasons(read: pa.Table, refs: list[Any], ok: np.ndarray, rule: VisionRule) 
                          f"(an aspect ratio over {MAX_RATIO}, or a side under {rule.patch_size * rule.merge_size} "
                          "pixels)")
     return reason, detail
+
+
+def _no_images(n: int) -> pa.ListArray:
+    """`IMAGE_DATA` of n records without images."""
+    fields = {"bytes": pa.binary(), "sha256": pa.string(), "width": pa.int32(), "height": pa.int32(),
+              "path": pa.string(), "grid": pa.list_(pa.int32()), "tokens": pa.int32()}
+    empty = pa.StructArray.from_arrays([pa.array([], t) for t in fields.values()], names=list(fields))
+    return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), empty)
 
 
 def _grid_array(grid: np.ndarray) -> pa.ListArray:
