@@ -13,9 +13,14 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from etl.columns import CUT_SIDES, IGNORE_INDEX, check_seq_len
+from etl.columns import CUT_SIDES, IGNORE_INDEX, IMAGE_GRID_THW, check_seq_len
 from etl.errors import EtlError
 from etl.ragged import Ragged, from_examples
+
+# The image arrays of a batch of image data, as transformers' Qwen2-VL processor names them
+# (`etl.loader.images` makes them; `etl.train.hf` passes them on).
+PIXEL_VALUES = "pixel_values"
+IMAGE_KEYS = (PIXEL_VALUES, IMAGE_GRID_THW)
 
 # The side of an over-long example that is cut (the values of `CUT_SIDES`): "right" keeps the
 # first tokens, "left" the last. Not the run's turn policies (the config's `truncation.policy`).
@@ -243,7 +248,8 @@ def collate(
         **options: keyword arguments of that function (``seq_len``, ``pad_id``, ...).
 
     Returns:
-        The dict of numpy arrays described in `collate_fixed`.
+        The dict of numpy arrays described in `collate_fixed`; dicts of image data (their
+        ``pixel_values``, ``image_grid_thw``) add those arrays, joined in order.
     """
     try:
         fn = COLLATE_FNS[strategy]
@@ -251,5 +257,7 @@ def collate(
         raise EtlError(
             f"unknown collate strategy {strategy!r}; choose one of {sorted(COLLATE_FNS)}"
         ) from None
-    ragged = batch if isinstance(batch, Ragged) else from_examples(batch)
-    return fn(ragged, **options)
+    if isinstance(batch, Ragged):
+        return fn(batch, **options)
+    images = {k: np.concatenate([e[k] for e in batch]) for k in IMAGE_KEYS if batch and k in batch[0]}
+    return fn(from_examples(batch), **options) | images

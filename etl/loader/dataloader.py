@@ -31,6 +31,7 @@ from etl.loader.groups import (
     SamplerOptions,
     resolve_groups,
 )
+from etl.loader.images import check_cuts
 from etl.loader.options import check_keywords, check_unknown, rank_world, resolve_seq_len
 from etl.loader.pack_sampler import make_pack_sampler
 from etl.loader.pairs.loader import pair_sampler_and_collate
@@ -42,7 +43,8 @@ class ParquetLoader:
     """Fixed-shape training batches from an ``etl run`` output, deterministic and resumable.
 
     Iterating yields dicts of tensors on ``device``: ``x``, ``y`` (B, T) int64 (``y`` = -100 where
-    not trained), ``loss_mask`` (B, T) aligned to ``y``, ``attention_mask`` (B, T) bool. As in
+    not trained), ``loss_mask`` (B, T) aligned to ``y``, ``attention_mask`` (B, T) bool; image data
+    adds ``pixel_values`` and ``image_grid_thw`` (`etl.loader.images`, decoded in the workers). As in
     torchdata's ``StatefulDataLoader``, every ``for`` (every ``iter()``) starts a new epoch, so a
     peek (``next(iter(loader))``) then a ``for`` gives a whole epoch; only right after
     `load_state_dict` does it resume the rest of the saved epoch. The parts work alone with
@@ -125,6 +127,9 @@ class ParquetLoader:
         self.seq_len = resolve_seq_len(seq_len, manifest.get("seq_len"), rows.truncation,
                                         splits=pack is not None and (pack.strategy in SPLITTING  # pairs: skipped
                                                                      or KINDS[self.dataset.kind].paired))
+        if self.dataset.images is not None:  # no packer or S may cut an image's tokens
+            check_cuts(self.dataset.images.image_rows()[self.dataset.global_rows()],
+                       self.dataset.example_lengths(), self.seq_len, None if pack is None else pack.strategy)
         self.pad_id = resolve_pad_id(rows.pad_id, manifest)
         self.rank, self.world_size = rank_world(rank, world_size)
         self.skipped_pairs = 0  # packed preference pairs over S, left out (etl.loader.pairs.loader)

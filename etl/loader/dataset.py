@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +22,7 @@ from etl.columns import (
     DATA_DIR,
     DEFAULT_DOMAIN,
     DOMAIN,
+    IMAGES,
     INPUT_IDS,
     LOSS_MASK,
     LOSS_WEIGHT,
@@ -30,12 +31,17 @@ from etl.columns import (
 )
 from etl.errors import EtlError
 from etl.kinds import KINDS, SFT
+from etl.loader.collate import IMAGE_KEYS
+from etl.loader.images import ImageColumns, VisionBatch, attach, check_whole, manifest_rules
 from etl.loader.pack_request import PackRequest
 from etl.loader.pairs.pack import LabeledPack, PackedPairs, pair_pieces
 from etl.loader.pairs.rows import PairRows, concat_rows, part_columns, read_rows
 from etl.output.manifest import read_manifest
 from etl.output.parts import fingerprint, listed_parts, listed_splits, open_part
 from etl.ragged import PackedBatch, Ragged, concat, from_arrow
+
+if TYPE_CHECKING:
+    from etl.images.pixels import PixelRule
 
 
 class ParquetDataset(torch.utils.data.Dataset):
@@ -55,6 +61,9 @@ class ParquetDataset(torch.utils.data.Dataset):
             DataLoader worker): a split that fits is read once, whatever the shuffle.
         weights: read ``loss_weight`` when the data has it; None (default) does so whenever
             the column exists, False ignores it.
+        pixels: image data's mean, std, rescale and filter (`etl.images.pixels.PixelRule`); default
+            the run's processor's (`etl.loader.images.manifest_rules`). Batches of image data
+            are `VisionBatch`es: their images decoded here, in the DataLoader's workers.
     """
 
     def __init__(
@@ -66,6 +75,7 @@ class ParquetDataset(torch.utils.data.Dataset):
         cache_row_groups: int = 8,
         cache_mb: float = 256,
         weights: bool | None = None,
+        pixels: PixelRule | None = None,
     ):
         self.dst, self.split = Path(dst), split
         self.manifest: dict[str, Any] = read_manifest(dst)
@@ -94,6 +104,9 @@ class ParquetDataset(torch.utils.data.Dataset):
         if missing:
             raise EtlError(f"{self.files[0]} lacks columns {missing}; rerun `etl run`")
         self._index_row_groups()
+        self.images = None if IMAGES not in schema.names or self.pairs else ImageColumns(
+            self.files, self._group_file, self._group_index, self._group_start, *manifest_rules(self.manifest, pixels),
+            cache_row_groups=self.cache_row_groups, cache_bytes=self.cache_bytes)
         self._rows = self._filter(min_tokens) if min_tokens > 0 else None
         self._reset_process_state()
 
@@ -274,14 +287,20 @@ class ParquetDataset(torch.utils.data.Dataset):
         item = {INPUT_IDS: rg.ids[span], LOSS_MASK: rg.mask[span]}  # type: ignore[index]
         if rg.weight is not None:
             item[LOSS_WEIGHT] = rg.weight[span]
+        if self.images is not None:
+            item.update(zip(IMAGE_KEYS, self.images.images(self._global_rows(np.array([index]))), strict=True))
         return item
 
-    def __getitems__(self, indices: list[int] | PackRequest) -> Ragged | PackedBatch | PairRows | PackedPairs | LabeledPack:
+    def __getitems__(self, indices: list[int] | PackRequest) -> Ragged | PackedBatch | PairRows | PackedPairs | LabeledPack | VisionBatch:
         """A whole batch in the order asked: rows (a `Ragged`; `PairRows` for the pair kinds), or the
-        pieces of packs (a `PackedBatch`; `PackedPairs` / `LabeledPack`) when the sampler is a `PackSampler`."""
+        pieces of packs (a `PackedBatch`; `PackedPairs` / `LabeledPack`) when the sampler is a `PackSampler`;
+        with images, either inside a `VisionBatch` with its pixels."""
         if isinstance(indices, PackRequest):
-            return self._pieces(indices)
-        return self._take(self._global_rows(np.asarray(indices, dtype=np.int64)))
+            batch, rows = self._pieces(indices), indices.rows
+        else:
+            rows = self._global_rows(np.asarray(indices, dtype=np.int64))
+            batch = self._take(rows)
+        return batch if self.images is None else attach(batch, self.images, rows)
 
     def _pieces(self, req: PackRequest) -> PackedBatch | PackedPairs | LabeledPack:
         """Each piece as a range of its example's tokens: views into the whole split when it is
@@ -295,6 +314,8 @@ class ParquetDataset(torch.utils.data.Dataset):
         starts, lengths = docs.starts[rows], docs.lengths[rows]
         if np.any(req.start + req.length > lengths):
             raise EtlError(f"a pack reaches past its example in {self.dst}; rerun `etl pack`")
+        if self.images is not None:
+            check_whole(self.images, np.asarray(req.rows, dtype=np.int64), req.start, req.length, lengths)
         pieces = Ragged(docs.ids, starts + req.start, req.length, docs.mask, docs.weight)
         return PackedBatch(pieces, req.row, req.segment, req.num_rows, req.trained)
 

@@ -16,6 +16,7 @@ import torch
 
 from etl.loader.collate import collate
 from etl.loader.collate_packed import collate_packed
+from etl.loader.images import VisionBatch
 from etl.ragged import PackedBatch, Ragged
 
 
@@ -70,8 +71,10 @@ class TorchCollate:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __call__(
-        self, batch: Ragged | PackedBatch | Sequence[Mapping[str, np.ndarray]]
+        self, batch: Ragged | PackedBatch | VisionBatch | Sequence[Mapping[str, np.ndarray]]
     ) -> dict[str, torch.Tensor]:
+        if isinstance(batch, VisionBatch):  # the tokens' batch plus pixel_values, image_grid_thw
+            return self(batch.batch) | to_torch(batch.arrays())
         if isinstance(batch, PackedBatch):
             return to_torch(collate_packed(batch, **self.options))
         return to_torch(collate(batch, strategy=self.strategy, **self.options))

@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
-from etl.columns import COMPLETION_MASK, IGNORE_INDEX, INPUT_IDS
+from etl.columns import COMPLETION_MASK, IGNORE_INDEX, IMAGE_GRID_THW, INPUT_IDS
 from etl.errors import EtlError, EtlWarning
 from etl.loader.attention import document_block_mask, document_sdpa_mask
+from etl.loader.collate import PIXEL_VALUES
 from etl.loader.pairs.attention import pair_block_mask, pair_sdpa_mask
 from etl.loader.pairs.pack import PAIR_IDS, PART_IDS
 
@@ -28,6 +29,9 @@ from etl.loader.pairs.pack import PAIR_IDS, PART_IDS
 _MASKED = ("sdpa", "eager", "flex_attention")
 _VARLEN = ("flash_attention_2", "flash_attention_3")
 _FULL, _SLIDING = "full_attention", "sliding_attention"
+# Models whose 3-D positions `mrope_positions` gives (transformers' `get_rope_index` of both
+# places an image alike; Qwen3-VL's differs and is not done here).
+_MROPE = ("qwen2_vl", "qwen2_5_vl")
 
 
 def hf_inputs(batch: Mapping[str, Any], model: torch.nn.Module) -> dict[str, Any]:
@@ -65,6 +69,13 @@ def hf_inputs(batch: Mapping[str, Any], model: torch.nn.Module) -> dict[str, Any
     ``labels`` carry the loss mask (``loss_mask``), not ``loss_weight``: with weighted data,
     score ``logits`` yourself. The model's ``loss`` is the mean over the batch's trained labels.
 
+    A batch with images (``pixel_values``, ``image_grid_thw``) for a Qwen2-VL or Qwen2.5-VL model
+    also passes those two and, as ``position_ids``, (4, B, W): the 1-D positions above (what
+    transformers masks from, as its generate does) over the 3-D mRoPE positions of
+    `mrope_positions`, restarting in every document. Without 3-D positions transformers 5
+    silently falls back to 1-D ones. flash-attn's varlen keywords would also reach the vision
+    tower (a duplicate keyword there): load a vision-language model with ``sdpa`` for packed rows.
+
     Args:
         batch: a packed batch of `ParquetLoader` (``packing=...``) or `collate_packed`: x/y or
             input_ids/labels, ``loss_mask``, ``segment_ids``, ``position_ids``; tensors or arrays.
@@ -81,6 +92,8 @@ def hf_inputs(batch: Mapping[str, Any], model: torch.nn.Module) -> dict[str, Any
     device, dtype = _device_dtype(model)
     ids, labels, seg, pos = (t.to(device, non_blocking=True) for t in _widened(batch))
     kw: dict[str, Any] = {"input_ids": ids, "labels": labels, "position_ids": pos, "use_cache": False}
+    if PIXEL_VALUES in batch:
+        kw |= _vision(batch, config, impl, ids, seg, pos)
     if impl in _VARLEN:
         return kw | _varlen(seg)
     if not _full_attention_only(config):
@@ -121,7 +134,9 @@ def _device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
 
 
 def _full_attention_only(config: Any) -> bool:
-    """True when every layer attends to the whole past (no window, no chunk)."""
+    """True when every layer attends to the whole past (no window, no chunk); a vision-language
+    model's layers are its text config's."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
     types = getattr(config, "layer_types", None) or [_FULL]
     windowed = getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
     return not windowed and all(t == _FULL for t in types)
@@ -151,6 +166,63 @@ def _widened(batch: Mapping[str, Any]) -> tuple[torch.Tensor, ...]:
         torch.cat([seg, seg[:, -1:]], 1),  # the extra token joins the last document
         torch.cat([pos, pos[:, -1:] + 1], 1),
     )
+
+
+def _vision(batch: Mapping[str, Any], config: Any, impl: str, ids: torch.Tensor, seg: torch.Tensor,
+            pos: torch.Tensor) -> dict[str, Any]:
+    """``pixel_values``, ``image_grid_thw`` and (4, B, W) ``position_ids`` of an image batch."""
+    kind, vision = getattr(config, "model_type", None), getattr(config, "vision_config", None)
+    if kind not in _MROPE or vision is None:
+        raise EtlError(f"the batch has images; hf_inputs gives their positions to {', '.join(_MROPE)} models, "
+                       f"not {kind!r}: load e.g. Qwen2_5_VLForConditionalGeneration")
+    if impl in _VARLEN:
+        raise EtlError(f"{impl} with images: its varlen keywords would reach the vision tower too; load the "
+                       "model with attn_implementation='sdpa' (document masks, same result)")
+    grids = torch.as_tensor(batch[IMAGE_GRID_THW]).long().to(ids.device)
+    positions = torch.cat([pos[None], mrope_positions(ids, seg, grids, image_token_id=config.image_token_id,
+                                                      merge=vision.spatial_merge_size)])
+    if not len(grids):  # rows of text only: the vision tower cannot take 0 images (torch.cat of none)
+        return {"position_ids": positions}
+    return {PIXEL_VALUES: torch.as_tensor(batch[PIXEL_VALUES]).to(ids.device, non_blocking=True),
+            IMAGE_GRID_THW: grids, "position_ids": positions}
+
+
+def mrope_positions(ids: torch.Tensor, seg: torch.Tensor, grids: torch.Tensor, *, image_token_id: int,
+                    merge: int) -> torch.Tensor:
+    """(3, B, W) int64 positions of transformers' Qwen2-VL ``get_rope_index``, each document of a
+    row counted from 0 as if alone: a text token advances all three by 1; an image's tokens (one
+    run of ``image_token_id`` per ``grids`` row, in order) sit at start + (t, row, column) of its
+    merged grid, and the text after it starts max(h, w) / merge later.
+
+    Vectorized over the B x W tokens (a cumsum, a running max, gathers): no loop per document,
+    image or token; one host sync (the image runs, checked against ``grids``).
+
+    Raises:
+        EtlError: image runs that do not match ``grids`` (another image token or merge size).
+    """
+    rows, width = ids.shape
+    at = torch.arange(rows * width, device=ids.device)
+    img, row_start, row_end = (ids == image_token_id).reshape(-1), at % width == 0, at % width == width - 1
+    starts = img & (row_start | ~img.roll(1))
+    first, last = starts.nonzero().squeeze(1), (img & (row_end | ~img.roll(-1))).nonzero().squeeze(1)
+    llh, llw = grids[:, 1] // merge, grids[:, 2] // merge
+    if len(first) != len(grids) or not torch.equal(last - first + 1, grids[:, 0] * llh * llw):
+        raise EtlError(f"the batch has {len(first)} runs of image token {image_token_id} for {len(grids)} images, "
+                       "or runs of other lengths than their grids give: the model's image_token_id or "
+                       "spatial_merge_size is not the data's (its manifest's images block)")
+    step = (~img).long()
+    step[last] = torch.maximum(llh, llw)  # after the image; its own tokens do not advance
+    before = step.cumsum(0) - step
+    flat_seg = seg.reshape(-1)
+    doc = row_start.clone()
+    doc[1:] |= flat_seg[1:] != flat_seg[:-1]
+    base = before - before[torch.where(doc, at, 0).cummax(0).values]  # from 0 in every document
+    if not len(grids):
+        return base.expand(3, -1).reshape(3, rows, width)
+    k = (starts.long().cumsum(0) - 1).clamp(min=0)  # the image of each image token
+    r, cells, cols = at - first[k], (llh * llw)[k], llw[k]
+    offset = torch.stack([r // cells, r % cells // cols, r % cols]) * img
+    return (base + offset).reshape(3, rows, width)
 
 
 def _varlen(seg: torch.Tensor) -> dict[str, Any]:
