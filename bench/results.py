@@ -121,6 +121,8 @@ def sections(data: Data, slice_path: Path, settings: Settings, failures: list[st
     tables += [section("packing", lambda: packing_table(lengths_of(every), 2048, s.pack_repeats), failures),
                section("loader", lambda: loader_table(data, every, s.loader_batches), failures),
                section("token balance", lambda: optional_table("token_balance", "Token balance"), failures),
+               section("images", lambda: optional_table(
+                   "images", "Images: etl vs a datasets.map doing LLaMA-Factory's work; memory"), failures),
                section("preference", lambda: optional_table(
                    "preference", "Preference data: etl vs TRL's `_prepare_dataset`, padded vs prefix-shared packed"),
                    failures)]

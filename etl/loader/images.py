@@ -68,7 +68,7 @@ def manifest_rules(manifest: dict[str, Any], pixels: PixelRule | None = None) ->
     """The run's `VisionRule` (its manifest's `images` block) and the processor's `PixelRule`:
     ``pixels`` if given, else the block's mean/std keys if it has them, else the tokenizer
     folder's preprocessor_config.json, else Qwen2-VL's defaults (CLIP), with a warning."""
-    from etl.images.pixels import PixelRule, load_pixel_rule  # Pillow: only for image data (~25 ms)
+    from etl.images.pixels import PixelRule, load_pixel_rule, pixel_rule  # Pillow: image data only
 
     block = manifest.get(_MANIFEST_IMAGES) or {}
     missing = [f for f in VisionRule._fields if f not in block]
@@ -77,8 +77,8 @@ def manifest_rules(manifest: dict[str, Any], pixels: PixelRule | None = None) ->
     rule = VisionRule(**{f: block[f] for f in VisionRule._fields})
     if pixels is not None:
         return rule, pixels
-    if "image_mean" in block:
-        return rule, PixelRule(**{k: block[k] for k in PixelRule._fields if k in block})
+    if "image_mean" in block:  # etl run writes them: the folder need not be there
+        return rule, pixel_rule({k: block[k] for k in PixelRule._fields if k in block})
     folder = (manifest.get("tokenizer") or {}).get("name")
     found = load_pixel_rule(folder) if isinstance(folder, str) and Path(folder).is_dir() else None
     if found is None:

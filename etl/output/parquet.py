@@ -145,6 +145,41 @@ def part_identity(meta: pq.FileMetaData) -> dict[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in kv.items() if k.startswith(prefix)}
 
 
+# Hugging Face datasets reads a column's feature from this footer key where its Arrow type matches
+# (`Features.from_arrow_schema`): `images` then loads as a list of PIL images, not of structs.
+HF_FEATURES_KEY = "huggingface"
+_HF_IMAGES = {c.IMAGES: {"feature": {"_type": "Image"}, "_type": "List"}}
+
+
+# Image files are compressed already (JPEG, PNG): zstd over them cost ~3x the write's time (0.47 vs
+# 0.16 s per 200 MB of scikit-image's PNGs and LLaMA-Factory's JPEGs) to save 16% of their bytes.
+_STORED = f"{c.IMAGES}.list.element.bytes"
+
+
+def _compression(schema: pa.Schema) -> str | dict[str, str]:
+    """zstd, except on the image bytes column (a per-leaf dict names every leaf, or pyarrow's default
+    codec takes the ones left out)."""
+    if c.IMAGES not in schema.names:
+        return "zstd"
+    return {path: "none" if path == _STORED else "zstd" for path in _leaves(schema)}
+
+
+def _leaves(schema: pa.Schema) -> list[str]:
+    """Parquet's dotted paths of every leaf column (`x.list.element`, `s.field`)."""
+    def walk(name: str, t: pa.DataType) -> list[str]:
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return walk(f"{name}.list.element", t.value_type)
+        if pa.types.is_struct(t):
+            return [leaf for f in t for leaf in walk(f"{name}.{f.name}", f.type)]
+        return [name]
+    return [leaf for f in schema for leaf in walk(f.name, f.type)]
+
+
+def hf_features(schema: pa.Schema) -> dict[str, str]:
+    """The footer's `huggingface` key for a `data` part with images; {} otherwise."""
+    return {HF_FEATURES_KEY: json.dumps({"info": {"features": _HF_IMAGES}})} if c.IMAGES in schema.names else {}
+
+
 def write_part(table: pa.Table, path: Path, *, identity: Mapping[str, str],
                row_group_size: int = ROW_GROUP_SIZE) -> Path:
     """Write one part file atomically: temp name in the same folder, then rename.
@@ -158,10 +193,10 @@ def write_part(table: pa.Table, path: Path, *, identity: Mapping[str, str],
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_of(path)
     pq.write_table(
-        table.replace_schema_metadata(dict(identity)),
+        table.replace_schema_metadata(dict(identity) | hf_features(table.schema)),
         tmp,
         row_group_size=row_group_size,
-        compression="zstd",
+        compression=_compression(table.schema),
         # Dictionary-encode the repetitive strings only: token ids have vocab-sized
         # dictionaries that overflow and fall back anyway, at a cost.
         use_dictionary=[f.name for f in table.schema if pa.types.is_string(f.type)],

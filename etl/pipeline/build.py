@@ -10,7 +10,7 @@ from etl import columns as c
 from etl.pipeline import stages as st
 from etl.pipeline.accounting import Timings
 from etl.pipeline.assemble import Assembled, assemble
-from etl.pipeline.images import IMAGE_DATA, record_tokens
+from etl.pipeline.images import IMAGE_DATA, record_images
 from etl.pipeline.resources import Resources
 
 
@@ -25,8 +25,7 @@ def records_frame(
     n = good.num_rows
     return (
         # The record's tool list when the template renders it (the builder's `tools` column).
-        pl.from_arrow(good.select([c.SOURCE_LINE, "messages"] + [c.TOOLS] * (c.TOOLS in good.column_names)
-                                  + [IMAGE_DATA] * (IMAGE_DATA in good.column_names)))
+        pl.from_arrow(good.select([c.SOURCE_LINE, "messages"] + [c.TOOLS] * (c.TOOLS in good.column_names)))
         .with_row_index(c.CONV)
         .with_columns(
             pl.lit(source_name).alias(c.SOURCE_FILE),
@@ -38,7 +37,7 @@ def records_frame(
             ),
             pl.Series(c.SPLIT, split if split is not None else ["train"] * n, dtype=pl.String),
         )
-        .with_columns([record_tokens()] if IMAGE_DATA in good.column_names else [])
+        .with_columns(record_images(good) if IMAGE_DATA in good.column_names else [])
     )
 
 

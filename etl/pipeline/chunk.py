@@ -9,7 +9,9 @@ Polars and loading the tokenizer then overlap DuckDB's parse, which runs without
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -27,6 +29,8 @@ from etl.pipeline.build import build_examples, records_frame
 from etl.pipeline.images import (
     IMAGE_DATA,
     example_images,
+    flat_images,
+    image_columns,
     image_keys,
     read_chunk_images,
     with_images,
@@ -103,11 +107,29 @@ def process_chunk(source: Source, parsed: pa.Table, state: RunState) -> None:
     counts.read += parsed.num_rows
     counts.read_per_file[source.name] += parsed.num_rows
     good = _split_parsed(parsed, source, counts, state.parts)
-    good, bad_images = read_chunk_images(good, source_path=str(source.path), rule=res.vision, root=cfg.image_root,
-                                         embed=cfg.images == "embed", seq_len=cfg.seq_len)
-    if bad_images is not None:
-        tally(counts.rejected, bad_images.column(c.REASON))
-        state.parts.write(c.REJECTS_DIR, _rejects_table(source, bad_images))
+    slices = read_chunk_images(good, source_path=str(source.path), rule=res.vision, root=cfg.image_root,
+                               embed=cfg.images == "embed", seq_len=cfg.seq_len)
+    for kept, bad_images in _timed(slices, timings) if res.vision else slices:
+        if bad_images is not None:
+            tally(counts.rejected, bad_images.column(c.REASON))
+            state.parts.write(c.REJECTS_DIR, _rejects_table(source, bad_images))
+        _process_good(source, kept, state)
+
+
+def _timed(items: Iterator[Any], timings: Timings) -> Iterator[Any]:
+    """`items`, each one's production timed as `images`."""
+    while True:
+        with timings.timed("images"):
+            item = next(items, None)
+        if item is None:
+            return
+        yield item
+
+
+def _process_good(source: Source, good: pa.Table, state: RunState) -> None:
+    """Dedup, split and write the good records of one chunk (or of one slice of an image chunk)."""
+    res, counts, timings = state.res, state.counts, state.timings
+    cfg = res.config
     _warn_unwritten_weights(good, res, state.warned)
     if good.num_rows == 0:
         return
@@ -141,7 +163,8 @@ def _write_sft_chunk(source: Source, good: pa.Table, split: pa.Array, state: Run
     res, counts, timings = state.res, state.counts, state.timings
     records = records_frame(source.name, good, domain=domains(good, state.domain), split=split)
     examples, plan = build_examples(records, res, timings)
-    if IMAGE_DATA in records.columns:
+    images = flat_images(good) if IMAGE_DATA in good.column_names else None
+    if images is not None:
         examples = with_images(examples, example_images(records, plan))
     spelled = records.filter(spells_control(records, control_texts(res.tokenizer)))[c.CONV]
     dropped = examples.with_columns(
@@ -154,7 +177,7 @@ def _write_sft_chunk(source: Source, good: pa.Table, split: pa.Array, state: Run
     with timings.timed("write"):
         kept = dropped.filter(pl.col("why").is_null()) if len(why) else dropped  # a filter copies the ids
         counts.special_text += int(kept[c.CONV].is_in(spelled.implode()).sum()) if len(spelled) else 0
-        _write_examples(kept, plan, counts, state.parts, weights=res.weights, images=res.vision is not None)
+        _write_examples(kept, plan, counts, state.parts, weights=res.weights, images=images)
 
 
 # The chunk writer of each kind of row (etl.kinds.KINDS).
@@ -162,7 +185,8 @@ CHUNK_WRITERS = {SFT: _write_sft_chunk, PREFERENCE: _write_pair_chunk, UNPAIRED:
 
 
 def _write_examples(
-    examples: pl.DataFrame, plan: pl.DataFrame, counts: Counts, parts: PartWriter, *, weights: bool, images: bool
+    examples: pl.DataFrame, plan: pl.DataFrame, counts: Counts, parts: PartWriter, *, weights: bool,
+    images: pa.StructArray | None = None,
 ) -> None:
     counts.written += examples.height
     counts.truncated += int(examples[c.TRUNCATED].sum())
@@ -177,7 +201,8 @@ def _write_examples(
     for split in names:
         # One split (no val fraction): the chunk as it is, without a filter's copy of its ids.
         rows = examples if len(names) == 1 else examples.filter(pl.col(c.SPLIT) == split)
-        parts.write(f"{c.DATA_DIR}/{split}", data_table(rows.to_arrow(), weights=weights, images=images))
+        table = rows.to_arrow() if images is None else image_columns(rows.to_arrow(), images)
+        parts.write(f"{c.DATA_DIR}/{split}", data_table(table, weights=weights, images=images is not None))
         split_turns = turns if len(names) == 1 else turns.filter(pl.col(c.SPLIT) == split)
         parts.write(f"{c.TURNS_DIR}/{split}", conform(split_turns.to_arrow(), TURNS_SCHEMA))
 

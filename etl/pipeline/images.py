@@ -11,7 +11,10 @@ merges text across them.
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,6 +35,13 @@ IMAGES_TOO_LONG = "images_exceed_seq_len"  # the images' tokens alone exceed S
 IMAGE_CUT = "image_cut"  # drop reason: the truncation policy would cut an image span
 IMAGE_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # HF datasets' `Image`
 IMAGE_DATA = "image_data"  # a record's images as read (a list of structs), beside its messages
+IMAGE_BASE = "image_base"  # a record's first image in the chunk's flat image table
+IMAGE_ROWS = "image_rows"  # an example's kept images, as rows of that table
+# `--images embed`: image files held at a time (a slice of a chunk's records, written as one part);
+# the first slice's image count, before the images' mean size is known.
+IMAGE_BYTES_PER_SLICE = 32 << 20
+FIRST_SLICE_IMAGES = 64
+REFERENCE_SLICE_IMAGES = 4096  # `--images reference` holds no bytes: slices only let reading overlap
 
 
 class ImageSpan(NamedTuple):
@@ -55,7 +65,7 @@ def span_of(rule: VisionRule, token_id: Any) -> ImageSpan:
     return ImageSpan(*ids)
 
 
-def _refs(images: pa.ChunkedArray) -> tuple[list[Any], np.ndarray]:
+def _refs(images: pa.ChunkedArray | pa.Array) -> tuple[list[Any], np.ndarray]:
     """Every record's image references (JSON text -> str or dict) and per record its count."""
     counts = pc.fill_null(pc.list_value_length(images), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     flat = pc.list_flatten(images).to_pylist()
@@ -80,23 +90,56 @@ def _rejects(good: pa.Table, at: np.ndarray, reason: list[str | None], detail: l
 
 
 def read_chunk_images(good: pa.Table, *, source_path: str, rule: VisionRule | None, root: str | None,
-                      embed: bool, seq_len: int) -> tuple[pa.Table, pa.Table | None]:
-    """(records kept, rejects or None) of one parsed chunk; the kept records' `IMAGES` column becomes
-    each one's images as read (`IMAGE_DATA`: bytes, path, sha256, width, height, grid, tokens), so
-    every later filter of the records keeps them aligned. A record is rejected for its first image
-    that cannot be read or whose size the processor refuses, or when its images alone need more than
-    S tokens; without an image processor every record with images is rejected."""
+                      embed: bool, seq_len: int) -> Iterator[tuple[pa.Table, pa.Table | None]]:
+    """(records kept, rejects or None) of one parsed chunk, in slices; the kept records' `IMAGES`
+    column becomes each one's images as read (`IMAGE_DATA`: bytes, path, sha256, width, height, grid,
+    tokens), so every later filter of the records keeps them aligned. A record is rejected for its
+    first image that cannot be read or whose size the processor refuses, or when its images alone
+    need more than S tokens; without an image processor every record with images is rejected.
+
+    With `embed`, a slice holds about `IMAGE_BYTES_PER_SLICE` of image files (its records are
+    planned and written as one part): 16 MiB of JSON can name gigabytes of images, which a whole
+    chunk would hold at once (5,000 LLaMA-Factory-style conversations: 1 GB, 3.8 GB peak RSS).
+    """
     images = good.column(c.IMAGES) if c.IMAGES in good.column_names else pa.nulls(good.num_rows, pa.list_(pa.string()))
     good = good.drop_columns([c.IMAGES]) if c.IMAGES in good.column_names else good
     if images.null_count == len(images):  # a run with an image processor writes its columns all the same
-        return (good if rule is None else good.append_column(IMAGE_DATA, _no_images(good.num_rows))), None
-    refs, counts = _refs(images)
+        yield (good if rule is None else good.append_column(IMAGE_DATA, _no_images(good.num_rows))), None
+        return
+    counts = pc.fill_null(pc.list_value_length(images), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     if rule is None:
         at = np.where(counts > 0, 0, -1)
         why = ("the record has images, but the tokenizer folder has no preprocessor_config.json: use a "
                "vision-language model's processor folder as --tokenizer")
-        return good.filter(pa.array(at < 0)), _rejects(good, at, [NO_PROCESSOR], [why])
-    base = source_path.rpartition("/")[0] or "."
+        yield good.filter(pa.array(at < 0)), _rejects(good, at, [NO_PROCESSOR], [why])
+        return
+    read = functools.partial(_read_slice, base=source_path.rpartition("/")[0] or ".", rule=rule, root=root,
+                             embed=embed, seq_len=seq_len)
+    ends = np.cumsum(counts)
+
+    def stop_after(start: int, want: int) -> int:  # the slice from `start` with about `want` images
+        before = int(ends[start - 1]) if start else 0
+        return min(len(counts), max(start + 1, int(np.searchsorted(ends, before + want, side="right"))))
+
+    # The next slice is read on a thread while this one is planned and written: reading and hashing
+    # release the GIL (5,000 conversations, 10,000 images: ~1.5 s of the run's ~5 s).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        start, stop, held = 0, stop_after(0, FIRST_SLICE_IMAGES), 0
+        future = pool.submit(read, good.slice(0, stop), images.slice(0, stop))
+        while future is not None:
+            kept, rejects, nbytes = future.result()
+            held += nbytes
+            want = int(IMAGE_BYTES_PER_SLICE * int(ends[stop - 1]) / held) if held else REFERENCE_SLICE_IMAGES
+            start, stop = stop, stop_after(stop, max(1, want)) if stop < len(counts) else stop
+            future = pool.submit(read, good.slice(start, stop - start), images.slice(start, stop - start)) \
+                if start < len(counts) else None
+            yield kept, rejects
+
+
+def _read_slice(good: pa.Table, images: pa.ChunkedArray, *, base: str, rule: VisionRule, root: str | None,
+                embed: bool, seq_len: int) -> tuple[pa.Table, pa.Table | None, int]:
+    """(records kept with `IMAGE_DATA`, rejects or None, bytes of image files held) of some records."""
+    refs, counts = _refs(images)
     read = read_images(refs, base=base, root=root, keep_bytes=embed)
     grid, ok = rule.grid(read.column("height").to_numpy(zero_copy_only=False),
                          read.column("width").to_numpy(zero_copy_only=False))
@@ -104,8 +147,8 @@ def read_chunk_images(good: pa.Table, *, source_path: str, rule: VisionRule | No
     reason, detail = _reasons(read, refs, ok, rule)
     at = _first_bad(np.asarray([r is not None for r in reason], bool), counts)
     first_of = np.cumsum(counts) - counts
-    need = np.add.reduceat(tokens + 2, first_of) if len(tokens) else np.zeros(len(counts), np.int64)
-    over = (at < 0) & (counts > 0) & (np.where(counts > 0, need, 0) > seq_len)
+    spans = np.concatenate(([0], np.cumsum(tokens + 2)))
+    over = (at < 0) & (counts > 0) & (spans[first_of + counts] - spans[first_of] > seq_len)
     for i in first_of[over]:
         reason[i] = IMAGES_TOO_LONG
         detail[i] = f"the record's images alone need more than S = {seq_len} tokens; raise --seq-len or lower --max-pixels"
@@ -118,8 +161,11 @@ def read_chunk_images(good: pa.Table, *, source_path: str, rule: VisionRule | No
                                           pa.StructArray.from_arrays([col.combine_chunks() for col in table.columns],
                                                                      names=table.column_names))
     keep = pa.array(at < 0)
-    kept = good.append_column(IMAGE_DATA, per_record).filter(keep)
-    return kept, _rejects(good, at, reason, detail) if keep.true_count != len(keep) else None
+    kept = good.append_column(IMAGE_DATA, per_record)
+    rejects = None
+    if keep.true_count != len(keep):  # a filter copies every image's bytes: only when one is rejected
+        kept, rejects = kept.filter(keep), _rejects(good, at, reason, detail)
+    return kept, rejects, int(pc.sum(pc.binary_length(read.column("bytes"))).as_py() or 0)
 
 
 def _reasons(read: pa.Table, refs: list[Any], ok: np.ndarray, rule: VisionRule) -> tuple[list, list]:
@@ -148,9 +194,20 @@ def _grid_array(grid: np.ndarray) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(np.arange(0, len(flat) + 1, 3, dtype=np.int32)), pa.array(flat))
 
 
-def record_tokens() -> pl.Expr:
-    """Per record, its images' token counts (`IMAGE_TOKENS`) from `IMAGE_DATA`."""
-    return pl.col(IMAGE_DATA).list.eval(pl.element().struct.field("tokens")).fill_null([]).alias(c.IMAGE_TOKENS)
+def record_images(good: pa.Table) -> list[pl.Series]:
+    """The records frame's image columns from `IMAGE_DATA`, without the bytes (they stay in Arrow, never
+    copied into Polars): each record's images' token counts (`IMAGE_TOKENS`) and its first image's row
+    in the chunk's flat image table (`IMAGE_BASE`, `flat_images`)."""
+    images = good.column(IMAGE_DATA).combine_chunks()
+    tokens = pa.ListArray.from_arrays(images.offsets, images.values.field("tokens"))
+    base = images.offsets.to_numpy()[:-1] - images.offsets[0].as_py()
+    return [pl.Series(c.IMAGE_TOKENS, tokens), pl.Series(IMAGE_BASE, base.astype(np.int64))]
+
+
+def flat_images(good: pa.Table) -> pa.StructArray:
+    """Every image of the chunk's records in record order (`IMAGE_BASE` indexes it)."""
+    images = good.column(IMAGE_DATA).combine_chunks()
+    return images.values.slice(images.offsets[0].as_py(), images.offsets[-1].as_py() - images.offsets[0].as_py())
 
 
 def turn_images(turns: pl.LazyFrame) -> pl.LazyFrame:
@@ -221,27 +278,39 @@ def _ranks(counts: np.ndarray) -> np.ndarray:
 
 
 def example_images(records: pl.DataFrame, plan: pl.DataFrame) -> pl.DataFrame:
-    """Per conversation (`CONV`) the images of its kept turns, in order: `IMAGES` (HF datasets'
-    `Image`: bytes and path), `IMAGE_SHA256`, `IMAGE_GRID_THW`, `NUM_IMAGE_TOKENS`, and `IMAGE_CUT`
-    as its `DROP_REASON` where the hard cut falls inside a turn with images (a cut image span would
-    train on an image the processor never sees whole)."""
+    """Per conversation (`CONV`) the images of its kept turns, in order, as rows of the chunk's flat
+    image table (`IMAGE_ROWS`), `NUM_IMAGE_TOKENS`, and `IMAGE_CUT` as its `DROP_REASON` where the
+    hard cut falls inside a turn with images (its `images` would name an image whose tokens are cut)."""
     count = pl.col(c.IMAGE_AT).list.len().fill_null(0)
-    with_images = plan.filter(pl.col(c.KEPT) & (count > 0))
-    kept = (with_images.select(c.CONV, pl.int_ranges(pl.col(c.IMAGE_FIRST), pl.col(c.IMAGE_FIRST) + count,
-                                                     dtype=pl.Int32).alias("at"))
-            .group_by(c.CONV, maintain_order=True).agg(pl.col("at").list.explode(keep_nulls=False, empty_as_null=False)))
+    with_images = plan.filter(pl.col(c.KEPT) & (count > 0)).join(
+        records.select(c.CONV, IMAGE_BASE), on=c.CONV, how="left", maintain_order="left")
+    first = pl.col(IMAGE_BASE) + pl.col(c.IMAGE_FIRST)
+    kept = (with_images.select(c.CONV, pl.int_ranges(first, first + count, dtype=pl.Int64).alias(IMAGE_ROWS),
+                               pl.col(c.IMAGE_TOKENS).list.sum().alias("n"))  # the turn's own images
+            .group_by(c.CONV, maintain_order=True)
+            .agg(pl.col(IMAGE_ROWS).list.explode(keep_nulls=False, empty_as_null=False),
+                 pl.col("n").sum().cast(pl.Int32).alias(c.NUM_IMAGE_TOKENS)))
     cut = (with_images.filter((pl.col(c.END) - pl.col(c.START)) < pl.col(c.TURN_LEN))
            .select(pl.col(c.CONV).unique(), pl.lit(IMAGE_CUT).alias(c.DROP_REASON)))
-    image = pl.element().struct
-    return (records.select(c.CONV, IMAGE_DATA)
-            .join(kept, on=c.CONV, how="left", maintain_order="left")
-            .select(c.CONV, pl.col(IMAGE_DATA).list.gather(pl.col("at").fill_null([])).alias("kept"))
-            .select(c.CONV,
-                    pl.col("kept").list.eval(pl.struct(image.field("bytes"), image.field("path"))).alias(c.IMAGES),
-                    pl.col("kept").list.eval(image.field("sha256")).alias(c.IMAGE_SHA256),
-                    pl.col("kept").list.eval(image.field("grid")).alias(c.IMAGE_GRID_THW),
-                    pl.col("kept").list.eval(image.field("tokens")).list.sum().cast(pl.Int32).alias(c.NUM_IMAGE_TOKENS))
+    return (records.select(c.CONV).join(kept, on=c.CONV, how="left", maintain_order="left")
+            .with_columns(pl.col(IMAGE_ROWS).fill_null([]), pl.col(c.NUM_IMAGE_TOKENS).fill_null(0))
             .join(cut, on=c.CONV, how="left", maintain_order="left"))
+
+
+def image_columns(rows: pa.Table, flat: pa.StructArray) -> pa.Table:
+    """`rows` (written examples with `IMAGE_ROWS`) with their image columns taken from the flat table:
+    one take of the kept images (the only copy of their bytes after reading), the rest zero-copy."""
+    at = rows.column(IMAGE_ROWS).combine_chunks()
+    which = at.values.slice(at.offsets[0].as_py(), at.offsets[-1].as_py() - at.offsets[0].as_py())
+    # Usually every image is kept, in order: the flat table as it is (a take copies every image's bytes).
+    same = len(which) == len(flat) and np.array_equal(which.to_numpy(), np.arange(len(flat)))
+    taken = flat if same else flat.take(which)
+    offsets = pa.array(at.offsets.to_numpy() - at.offsets[0].as_py(), pa.int32())
+    lists = {c.IMAGES: pa.StructArray.from_arrays([taken.field("bytes"), taken.field("path")], names=["bytes", "path"]),
+             c.IMAGE_SHA256: taken.field("sha256"), c.IMAGE_GRID_THW: taken.field("grid")}
+    for name, values in lists.items():
+        rows = rows.append_column(name, pa.ListArray.from_arrays(offsets, values))
+    return rows
 
 
 def with_images(examples: pl.DataFrame, images: pl.DataFrame) -> pl.DataFrame:
@@ -254,5 +323,6 @@ def image_keys(good: pa.Table) -> np.ndarray:
     """Per record a 64-bit key of its images' sha256s (0 without images), mixed into its dedup key."""
     if IMAGE_DATA not in good.column_names:
         return np.zeros(good.num_rows, np.uint64)
-    shas = pl.from_arrow(good.select([IMAGE_DATA]))[IMAGE_DATA].list.eval(pl.element().struct.field("sha256"))
-    return shas.list.join("").hash(seed=0).to_numpy().astype(np.uint64)
+    images = good.column(IMAGE_DATA).combine_chunks()  # the sha256s only: the bytes stay in Arrow
+    shas = pc.binary_join(pa.ListArray.from_arrays(images.offsets, images.values.field("sha256")), "")
+    return pl.Series(shas).hash(seed=0).to_numpy().astype(np.uint64)

@@ -193,9 +193,20 @@ def _settings(res: Resources, sources: list[Source]) -> dict[str, Any]:
         "eos_ids": res.eos,
         "default_system_ids": res.system_ids,
         # A run with an image processor: its rule and how images are written (etl.pipeline.images).
-        **({"images": {**res.vision._asdict(), "span_ids": list(res.image_span or ()), "mode": res.config.images,
-                       "root": res.config.image_root}} if res.vision else {}),
+        **({"images": _images_block(res)} if res.vision else {}),
     }
+
+
+def _images_block(res: Resources) -> dict[str, Any]:
+    """The manifest's `images`: the token rule, the span's ids, the processor's pixel settings (the
+    loader's workers compute pixel values from them) and how images were written."""
+    from etl.images.pixels import PixelRule, load_pixel_rule  # Pillow: only for a run with images
+
+    assert res.vision is not None
+    path = Path(res.config.tokenizer)
+    pixels = load_pixel_rule(path if path.is_dir() else path.parent) or PixelRule()
+    return {**res.vision._asdict(), **pixels._asdict(), "span_ids": list(res.image_span or ()),
+            "mode": res.config.images, "root": res.config.image_root}
 
 
 def manifest_for(res: Resources, sources: list[Source], counts: Counts, *, run_id: str) -> dict[str, Any]:

@@ -26,7 +26,10 @@ def sample(attr: str) -> tuple[str, Any]:
     if k is not None and k.mib:
         return "2", 2 * MIB
     if optional(info.annotation)[0] is int:
-        return str(info.default + 1), info.default + 1
+        value = 1000 if info.default is None else info.default + 1  # None: the config's own (--max-pixels)
+        return str(value), value
+    if info.default is None:  # a free string whose default is null (--image-root)
+        return "somewhere", "somewhere"
     return str(info.default), info.default  # a free string (tokenizer, template): its default parses
 
 

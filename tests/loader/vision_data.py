@@ -13,43 +13,17 @@ import numpy as np
 from PIL import Image
 
 from etl.cli import main
+from tests.images import vl_folder
 
-VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *VISION_TOKENS]
-TEMPLATE = (
-    "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}{% else %}"
-    "{% for p in m['content'] %}{% if p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}")
 # 28 x 28 pixels a merged patch: 4 to 16 image tokens an image, so a tiny model trains in seconds.
 MAX_PIXELS = 16 * 28 * 28
-CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 # (width, height, mode) of the images the records use: grids 1x2 .. 4x4 merged patches.
 SIZES = [(60, 40, "RGB"), (100, 90, "L"), (33, 57, "RGBA"), (120, 64, "P"), (80, 80, "RGB"), (45, 130, "RGB")]
 
 
 def make_vl_folder(folder: Path, *, max_pixels: int = MAX_PIXELS) -> Path:
-    """Write tokenizer.json, tokenizer_config.json and preprocessor_config.json; returns the folder."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = ["Who are they? What is in the picture? A cat on a mat.\n" * 3, "the of and to in is " * 5]
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIALS]))
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-        "bos_token": None, "add_bos_token": False, "chat_template": TEMPLATE}))
-    (folder / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 3136, "max_pixels": max_pixels,
-        "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2, "image_mean": CLIP_MEAN,
-        "image_std": CLIP_STD, "rescale_factor": 1 / 255, "resample": 3}))
-    return folder
+    """The tiny processor folder of `tests.images.vl_folder` with this module's pixel budget."""
+    return vl_folder.make_vl_folder(folder, max_pixels=max_pixels)
 
 
 def image_bytes(width: int, height: int, mode: str = "RGB", *, seed: int = 0, fmt: str = "PNG") -> bytes:
