@@ -118,6 +118,7 @@ TRUNCATED = "truncated"
 IMAGES = "images"
 IMAGE_GRID_THW = "image_grid_thw"
 IMAGE_SHA256 = "image_sha256"  # extension: each image's sha256, which `--images reference` checks
+IMAGE_SIZES = "image_sizes"  # extension: each image's [width, height] as load_image sees it
 NUM_IMAGE_TOKENS = "num_image_tokens"
 
 # `data` columns of preference pairs and unpaired completions (contract; TRL's names). `prompt_ids +

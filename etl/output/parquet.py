@@ -73,10 +73,12 @@ KIND_SCHEMAS = {SFT: DATA_SCHEMA, PREFERENCE: PAIR_SCHEMA, UNPAIRED: UNPAIRED_SC
 
 
 # What a run with an image processor adds (etl.pipeline.images): HF datasets' `Image` structs, so
-# `load_dataset(DST)` gives PIL images; each image's sha256 and [t, h, w] grid; the image tokens.
+# `load_dataset(DST)` gives PIL images; each image's sha256, [width, height] and [t, h, w] grid; the
+# image tokens.
 IMAGE_FIELDS = [
     pa.field(c.IMAGES, pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))),
     pa.field(c.IMAGE_SHA256, pa.list_(pa.string())),
+    pa.field(c.IMAGE_SIZES, pa.list_(pa.list_(pa.int32()))),
     pa.field(c.IMAGE_GRID_THW, pa.list_(pa.list_(pa.int32()))),
     pa.field(c.NUM_IMAGE_TOKENS, pa.int32()),
 ]

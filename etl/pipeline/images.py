@@ -306,8 +306,11 @@ def image_columns(rows: pa.Table, flat: pa.StructArray) -> pa.Table:
     same = len(which) == len(flat) and np.array_equal(which.to_numpy(), np.arange(len(flat)))
     taken = flat if same else flat.take(which)
     offsets = pa.array(at.offsets.to_numpy() - at.offsets[0].as_py(), pa.int32())
+    sizes = pa.ListArray.from_arrays(pa.array(np.arange(0, 2 * len(taken) + 1, 2, dtype=np.int32)), pa.array(
+        np.stack([taken.field("width").to_numpy(zero_copy_only=False),
+                  taken.field("height").to_numpy(zero_copy_only=False)], axis=1).ravel(), pa.int32()))
     lists = {c.IMAGES: pa.StructArray.from_arrays([taken.field("bytes"), taken.field("path")], names=["bytes", "path"]),
-             c.IMAGE_SHA256: taken.field("sha256"), c.IMAGE_GRID_THW: taken.field("grid")}
+             c.IMAGE_SHA256: taken.field("sha256"), c.IMAGE_SIZES: sizes, c.IMAGE_GRID_THW: taken.field("grid")}
     for name, values in lists.items():
         rows = rows.append_column(name, pa.ListArray.from_arrays(offsets, values))
     return rows

@@ -293,3 +293,12 @@ def test_every_shared_image_in_multi_image_multi_turn_conversations(tmp_path: Pa
         assert row["input_ids"] == tok(text, add_special_tokens=False)["input_ids"]
         assert row["image_grid_thw"] == grids.tolist()
     assert manifest["counts"]["read"] == rows.height + len(bad)
+
+
+def test_image_sizes_are_as_load_image_sees_them(vl: Path, pictures: Path, tmp_path: Path) -> None:
+    from transformers.image_utils import load_image
+
+    rows, _ = run(vl, conversations(pictures)[1:3], tmp_path)
+    for row in rows.iter_rows(named=True):
+        files = image_files(conversations(pictures)[1:3][row["source_line"]], tmp_path)
+        assert row["image_sizes"] == [list(load_image(f).size) for f in files]  # turned.jpg: 40 x 120
