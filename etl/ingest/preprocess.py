@@ -25,18 +25,27 @@ with keyed as (
     select
         source_line,
         array_to_string(list_transform(messages, lambda m: m.role || ': ' || m.content), chr(10)) as text,
-        $source || ':' || source_line as id
+        $source || ':' || source_line as id,
+        {images} as images_key
     from good
 ),
 final as (
     select
         source_line,
-        md5_number_lower(case when $prefix > 0 then left(text, $prefix) else text end) as dedup_key,
+        xor(md5_number_lower(case when $prefix > 0 then left(text, $prefix) else text end), images_key) as dedup_key,
         (md5_number_lower($seed || '/' || id) % 1000000) / 1000000.0 as split_draw
     from keyed
 )
 select * from final
 """
+
+
+# A record's images mix into its key (the same text over other images is another example): an MD5
+# of their references as written, with the data file's folder (relative paths are relative to it).
+# References, not file contents: the Ray engine keys parsed chunks before any image is read.
+IMAGE_KEY = ("case when len(images) > 0 then md5_number_lower($folder || chr(0) || array_to_string(images, chr(31))) "
+             "else 0::ubigint end")
+NO_IMAGE_KEY = "0::ubigint"
 
 
 # Dedup keys live in an open-addressing hash table (linear probing, 0 marks an empty slot) kept
@@ -121,7 +130,8 @@ def record_keys(
     A preference pair (a `rejected` conversation beside `messages`) repeats only when both its
     conversations do: its key mixes the two conversations' keys; its draw is the chosen one's.
     """
-    keys, draws = _keys(con, good.select([c.SOURCE_LINE, "messages"]), source, exact, split_seed)
+    with_images = [c.IMAGES] if c.IMAGES in good.column_names else []
+    keys, draws = _keys(con, good.select([c.SOURCE_LINE, "messages", *with_images]), source, exact, split_seed)
     if "rejected" in good.column_names:
         other = good.select([c.SOURCE_LINE, "rejected"]).rename_columns([c.SOURCE_LINE, "messages"])
         keys = keys * np.uint64(PAIR_MIX) ^ _keys(con, other, source, exact, split_seed)[0]
@@ -136,8 +146,11 @@ def _keys(con: duckdb.DuckDBPyConnection, good: pa.Table, source: str, exact: bo
     cur = con.cursor()  # its own registration: the pair's two key passes may run beside a parse
     cur.register("good", good)
     try:
+        images = c.IMAGES in good.column_names
         keys = cur.sql(
-            KEYS_SQL, params={"source": source, "prefix": 0 if exact else PREFIX_CHARS, "seed": str(split_seed)}
+            KEYS_SQL.format(images=IMAGE_KEY if images else NO_IMAGE_KEY),
+            params={"source": source, "prefix": 0 if exact else PREFIX_CHARS, "seed": str(split_seed),
+                    **({"folder": source.rpartition("/")[0]} if images else {})},
         ).to_arrow_table()
     finally:
         cur.close()

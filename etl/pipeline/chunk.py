@@ -31,7 +31,6 @@ from etl.pipeline.images import (
     example_images,
     flat_images,
     image_columns,
-    image_keys,
     read_chunk_images,
     with_images,
 )
@@ -139,7 +138,6 @@ def _process_good(source: Source, good: pa.Table, state: RunState) -> None:
             keys, draws = record_keys(
                 res.con, good, source=source.name, exact=cfg.dedup_mode == "exact", split_seed=cfg.split_seed
             )
-            keys = keys ^ image_keys(good)  # the same text over other images is another example
         if cfg.deduplicate:
             fresh = state.dedup.keep(keys)
             counts.dropped[DUPLICATE] += int((~fresh).sum())

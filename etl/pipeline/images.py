@@ -101,8 +101,8 @@ def read_chunk_images(good: pa.Table, *, source_path: str, rule: VisionRule | No
     planned and written as one part): 16 MiB of JSON can name gigabytes of images, which a whole
     chunk would hold at once (5,000 LLaMA-Factory-style conversations: 1 GB, 3.8 GB peak RSS).
     """
+    # The references stay beside IMAGE_DATA: the dedup key reads them (etl.ingest.preprocess.IMAGE_KEY).
     images = good.column(c.IMAGES) if c.IMAGES in good.column_names else pa.nulls(good.num_rows, pa.list_(pa.string()))
-    good = good.drop_columns([c.IMAGES]) if c.IMAGES in good.column_names else good
     if images.null_count == len(images):  # a run with an image processor writes its columns all the same
         yield (good if rule is None else good.append_column(IMAGE_DATA, _no_images(good.num_rows))), None
         return
@@ -141,8 +141,9 @@ def _read_slice(good: pa.Table, images: pa.ChunkedArray, *, base: str, rule: Vis
     """(records kept with `IMAGE_DATA`, rejects or None, bytes of image files held) of some records."""
     refs, counts = _refs(images)
     read = read_images(refs, base=base, root=root, keep_bytes=embed)
-    grid, ok = rule.grid(read.column("height").to_numpy(zero_copy_only=False),
-                         read.column("width").to_numpy(zero_copy_only=False))
+    # An image that was not read has no size: 0 (refused by the rule; its reader's reason stands).
+    grid, ok = rule.grid(pc.fill_null(read.column("height"), 0).to_numpy(),
+                         pc.fill_null(read.column("width"), 0).to_numpy())
     tokens = np.where(ok, rule.tokens(grid), 0).astype(np.int64)
     reason, detail = _reasons(read, refs, ok, rule)
     at = _first_bad(np.asarray([r is not None for r in reason], bool), counts)
@@ -320,12 +321,3 @@ def with_images(examples: pl.DataFrame, images: pl.DataFrame) -> pl.DataFrame:
     """`examples` with their image columns (`example_images`), its drop reason first."""
     return (examples.join(images.rename({c.DROP_REASON: "image_drop"}), on=c.CONV, how="left", maintain_order="left")
             .with_columns(pl.coalesce(c.DROP_REASON, "image_drop").alias(c.DROP_REASON)).drop("image_drop"))
-
-
-def image_keys(good: pa.Table) -> np.ndarray:
-    """Per record a 64-bit key of its images' sha256s (0 without images), mixed into its dedup key."""
-    if IMAGE_DATA not in good.column_names:
-        return np.zeros(good.num_rows, np.uint64)
-    images = good.column(IMAGE_DATA).combine_chunks()  # the sha256s only: the bytes stay in Arrow
-    shas = pc.binary_join(pa.ListArray.from_arrays(images.offsets, images.values.field("sha256")), "")
-    return pl.Series(shas).hash(seed=0).to_numpy().astype(np.uint64)

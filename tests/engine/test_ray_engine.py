@@ -127,6 +127,27 @@ def test_ray_equals_local_on_preference_pairs(ray_cluster: dict[str, str], tmp_p
     _same(tmp_path / "local", tmp_path / "ray")
 
 
+def test_ray_equals_local_on_image_conversations(ray_cluster: dict[str, str], tmp_path: Path) -> None:
+    """Images read by the workers (relative to their data file), a bad one rejected, a repeated
+    record deduplicated across chunks: the same files as the local engine's."""
+    from tests.images.vl_folder import image_bytes, make_vl_folder
+
+    folder = make_vl_folder(tmp_path / "vl")
+    src = tmp_path / "src"
+    (src / "img").mkdir(parents=True)
+    for k, size in enumerate(((60, 40), (30, 90), (200, 120))):
+        (src / "img" / f"{k}.png").write_bytes(image_bytes(size))
+    chats = [{"messages": [{"role": "user", "content": f"<image>Who is {i % 9}?"},
+                           {"role": "assistant", "content": "A cat."}], "images": [f"img/{i % 4}.png"]}
+             for i in range(40)]  # img/3.png is missing
+    (src / "a.jsonl").write_text("".join(json.dumps(chat) + "\n" for chat in chats))
+    config = RunConfig(tokenizer=str(folder), tokenizer_backend="hf", deduplicate=True, chunk_bytes=2048)
+    local = run_local(str(src), str(tmp_path / "local"), config, progress=False)
+    run_ray(str(src), f"file://{tmp_path / 'ray'}", config, progress=False)
+    assert local["counts"]["rejected"] == {"missing_image": 10} and local["counts"]["dropped"]["duplicate"] > 0
+    _same(tmp_path / "local", tmp_path / "ray")
+
+
 def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():

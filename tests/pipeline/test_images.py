@@ -302,3 +302,13 @@ def test_image_sizes_are_as_load_image_sees_them(vl: Path, pictures: Path, tmp_p
     for row in rows.iter_rows(named=True):
         files = image_files(conversations(pictures)[1:3][row["source_line"]], tmp_path)
         assert row["image_sizes"] == [list(load_image(f).size) for f in files]  # turned.jpg: 40 x 120
+
+
+def test_dedup_keys_hold_the_images(vl: Path, pictures: Path, tmp_path: Path) -> None:
+    """The same text over another image is kept; over the same image it is a duplicate."""
+    one = {"messages": [{"role": "user", "content": "<image>Who?"}, {"role": "assistant", "content": "A cat."}],
+           "images": ["img/tiny.png"]}
+    records = [one, {**one, "images": ["img/wide.jpg"]}, one]
+    (tmp_path / "c.json").write_text(json.dumps({"preprocessing": {"deduplicate": True}}))
+    rows, manifest = run(vl, records, tmp_path, "--config", str(tmp_path / "c.json"))
+    assert rows["source_line"].to_list() == [0, 1] and manifest["counts"]["dropped"] == {"duplicate": 1}
