@@ -20,7 +20,7 @@ from etl.arrow_values import numbers_of, string_array
 # hashes the whole conversation instead.
 PREFIX_CHARS = 200
 
-KEYS_SQL = """
+_KEYS = """
 with keyed as (
     select
         source_line,
@@ -45,7 +45,8 @@ select * from final
 # References, not file contents: the Ray engine keys parsed chunks before any image is read.
 IMAGE_KEY = ("case when len(images) > 0 then md5_number_lower($folder || chr(0) || array_to_string(images, chr(31))) "
              "else 0::ubigint end")
-NO_IMAGE_KEY = "0::ubigint"
+KEYS_SQL = _KEYS.format(images="0::ubigint")
+IMAGE_KEYS_SQL = _KEYS.format(images=IMAGE_KEY)
 
 
 # Dedup keys live in an open-addressing hash table (linear probing, 0 marks an empty slot) kept
@@ -148,7 +149,7 @@ def _keys(con: duckdb.DuckDBPyConnection, good: pa.Table, source: str, exact: bo
     try:
         images = c.IMAGES in good.column_names
         keys = cur.sql(
-            KEYS_SQL.format(images=IMAGE_KEY if images else NO_IMAGE_KEY),
+            IMAGE_KEYS_SQL if images else KEYS_SQL,
             params={"source": source, "prefix": 0 if exact else PREFIX_CHARS, "seed": str(split_seed),
                     **({"folder": source.rpartition("/")[0]} if images else {})},
         ).to_arrow_table()
