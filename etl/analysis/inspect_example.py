@@ -1,14 +1,16 @@
 """`etl inspect`: one example's text token by token, trained tokens highlighted, turns marked.
 
-Reads one row of `DST/data/<split>` (only its row group) and its rows of `DST/turns/<split>`,
-so it stays instant on large outputs. Two renderings: rich styles for a terminal, and plain
-text where `[[...]]` wraps every run of trained tokens (for pipes, diffs and tests).
+Reads one row of `DST/data/<split>` (only its row group, without image bytes) and its rows of
+`DST/turns/<split>`, so it stays instant on large outputs. Two renderings: rich styles for a
+terminal, and plain text where `[[...]]` wraps every run of trained tokens (for pipes, diffs and
+tests). In an image run's example each image's span (`<|vision_start|>`, its pads,
+`<|vision_end|>`) shows as one label: `<image 1: 640x427 -> grid 1x30x46, 345 tokens>`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +20,12 @@ from etl import columns as C
 from etl.analysis.inspect_render import (
     TRAIN_CLOSE,
     TRAIN_OPEN,
+    collapse_images,
     plain_body,
     rich_body,
     rich_legend,
 )
+from etl.analysis.stats import image_block
 from etl.errors import EtlError
 from etl.output.parts import listed_parts, listed_splits, open_part
 from etl.tokens.loading import load_tokenizer, load_tokenizer_from_manifest
@@ -52,19 +56,19 @@ def read_example(
     offset = 0
     for path in files:
         meta = open_part(path)
+        # An image run's row group holds its images' bytes (tens of MiB): inspect shows none.
+        columns = [name for name in meta.schema_arrow.names if name != C.IMAGES]
         for group in range(meta.num_row_groups):
             n = meta.metadata.row_group(group).num_rows
             if row is not None and offset <= row < offset + n:
-                return {
-                    **meta.read_row_group(group).slice(row - offset, 1).to_pylist()[0],
-                    "row": row,
-                }
+                found = meta.read_row_group(group, columns=columns).slice(row - offset, 1)
+                return {**found.to_pylist()[0], "row": row}
             if example_id is not None:
                 ids = meta.read_row_group(group, columns=[C.ID]).column(C.ID).to_pylist()
                 if example_id in ids:
                     index = ids.index(example_id)
-                    found = meta.read_row_group(group).slice(index, 1).to_pylist()[0]
-                    return {**found, "row": offset + index}
+                    found = meta.read_row_group(group, columns=columns).slice(index, 1)
+                    return {**found.to_pylist()[0], "row": offset + index}
             offset += n
     if example_id is not None:
         raise EtlError(
@@ -152,7 +156,7 @@ def describe(example: dict[str, Any], turns: Sequence[dict[str, Any]]) -> list[s
         f"{example[C.NUM_TURNS]} ({len(turns) - len(dropped)} kept, {len(dropped)} dropped)"
         f" · truncated {'yes' if example[C.TRUNCATED] else 'no'}"
     )
-    lines = [origin, counts]
+    lines = [origin, counts, *_image_counts(example)]
     if dropped:
         lines.append(
             "dropped turns: "
@@ -161,6 +165,37 @@ def describe(example: dict[str, Any], turns: Sequence[dict[str, Any]]) -> list[s
             )
         )
     return lines
+
+
+def _image_counts(example: dict[str, Any]) -> list[str]:
+    """The header line of an image run's example: its images and their tokens (none for text)."""
+    if C.IMAGE_GRID_THW not in example:
+        return []
+    tokens, total = example[C.NUM_IMAGE_TOKENS], example[C.NUM_TOKENS]
+    share = f" ({tokens / total:.0%} of tokens)" if total else ""
+    return [f"images {len(example[C.IMAGE_GRID_THW] or [])} · image tokens {tokens}{share}"]
+
+
+def image_span_ids(manifest: dict[str, Any]) -> list[int] | None:
+    """The [start, pad, end] ids of an image's span (the manifest's images block); None for a
+    text run."""
+    block = image_block(manifest)
+    return [int(i) for i in block["span_ids"]] if block and block.get("span_ids") else None
+
+
+def _tokens(
+    example: dict[str, Any],
+    turns: Sequence[dict[str, Any]],
+    strings: Sequence[str],
+    span_ids: Sequence[int] | None,
+) -> tuple[Sequence[int], Sequence[bool], Sequence[str], Mapping[int, Sequence[str]], set[int]]:
+    """(ids, mask, strings, markers, label positions) to render: in an image run's example with
+    images, each image's span one label (`collapse_images`); any other as written."""
+    ids, mask, markers = example[C.INPUT_IDS], example[C.LOSS_MASK], _turn_markers(turns)
+    if not (span_ids and example.get(C.IMAGE_GRID_THW)):  # text: nothing to look for
+        return ids, mask, strings, markers, set()
+    images = (span_ids, example.get(C.IMAGE_SIZES) or [], example[C.IMAGE_GRID_THW])
+    return collapse_images(ids, mask, strings, markers, images)
 
 
 def _turn_marker(turn: dict[str, Any]) -> str:
@@ -178,6 +213,7 @@ def render_plain(
     strings: Sequence[str],
     *,
     token_sep: str = "",
+    image_span_ids: Sequence[int] | None = None,
 ) -> str:
     """Plain text: turn markers on their own lines, `[[...]]` around runs of trained tokens.
 
@@ -186,10 +222,12 @@ def render_plain(
         turns: its rows from `read_turns`.
         strings: display string per token (`token_strings`).
         token_sep: written between neighbouring tokens of a run, to show token boundaries.
+        image_span_ids: an image run's [start, pad, end] ids (`image_span_ids`): each image's
+            span shows as one label.
     """
     out = [*describe(example, turns), f"legend: {TRAIN_OPEN}trained tokens{TRAIN_CLOSE}", ""]
-    body = plain_body(example[C.LOSS_MASK], strings, _turn_markers(turns), token_sep=token_sep)
-    return "\n".join(out) + "\n" + body
+    _, mask, shown, markers, _ = _tokens(example, turns, strings, image_span_ids)
+    return "\n".join(out) + "\n" + plain_body(mask, shown, markers, token_sep=token_sep)
 
 
 def render_rich(
@@ -198,15 +236,17 @@ def render_rich(
     strings: Sequence[str],
     *,
     special_ids: set[int],
+    image_span_ids: Sequence[int] | None = None,
 ) -> list[Any]:
-    """Rich renderables: header, legend, then the tokens, styled by mask, shaded by position."""
+    """Rich renderables: header, legend, then the tokens, styled by mask, shaded by position
+    (`image_span_ids`: as `render_plain`'s, each image one label)."""
     # rich: only for the coloured rendering, not --plain
     from rich.text import Text
 
     header = Text("\n".join(describe(example, turns)), style="bold")
-    body = rich_body(example[C.INPUT_IDS], example[C.LOSS_MASK], strings, _turn_markers(turns),
-                     special_ids=special_ids)
-    return [header, rich_legend(), Text(""), body]
+    ids, mask, shown, markers, labels = _tokens(example, turns, strings, image_span_ids)
+    body = rich_body(ids, mask, shown, markers, special_ids=special_ids, image_at=labels)
+    return [header, rich_legend(images=C.IMAGE_GRID_THW in example), Text(""), body]
 
 
 def _join_utf8(ids: Sequence[int], strings: list[str]) -> list[str]:

@@ -16,7 +16,15 @@ import pyarrow as pa
 from etl.analysis import pair_report
 from etl.analysis.pair_stats import output_kind
 from etl.analysis.report_plots import matplotlib_figure, plots
-from etl.analysis.stats import QUERY_ORDER, default_bin_width, query_names, run_queries, run_query
+from etl.analysis.stats import (
+    IMAGE_QUERIES,
+    QUERY_ORDER,
+    default_bin_width,
+    image_block,
+    query_names,
+    run_queries,
+    run_query,
+)
 from etl.errors import EtlError
 from etl.kinds import KINDS
 from etl.output.manifest import read_manifest
@@ -24,7 +32,10 @@ from etl.output.manifest import read_manifest
 # Tables shown under the plots, in `etl stats` order; the histogram and turns-per-example
 # queries are shown as plots only. Row listings show their first rows (they can be long).
 PLOTTED_ONLY = ("length_histogram", "turns_per_example")
-TABLES = tuple(name for name in QUERY_ORDER if name not in PLOTTED_ONLY)
+TABLES = tuple(name for name in QUERY_ORDER if name not in PLOTTED_ONLY + IMAGE_QUERIES)
+# An image run's output adds these tables (its other image queries are shown as plots only): the
+# totals, and the sizes' bins with their mean sizes and token costs, which the plot leaves out.
+IMAGE_TABLES = ("images", "image_sizes")
 LISTING_ROWS = 20
 
 PAGE = """<!doctype html>
@@ -77,6 +88,10 @@ NOTES = {
     "zero_trained": "Examples with no trained token (etl run drops these: expected empty).",
     "untrained_eot": "Trained assistant turns whose end-of-turn token carries no loss "
     "(expected when end-of-turn training is none/last).",
+    "images": "Images and their tokens (image runs); image_tokens_in_grids recounts image tokens "
+    "from the grids (t*h*w / merge_size²): it must equal image_tokens.",
+    "image_sizes": "Images per long side (power-of-two bins), with their mean size and the tokens "
+    "they cost.",
 }
 
 
@@ -99,7 +114,8 @@ def build_report(dst: str | os.PathLike[str], *, title: str | None = None) -> st
     results = run_queries(dst, bin_width=histogram_bin_width(dst))
     facts = _facts(dst, manifest)
     if not KINDS[kind].pair:
-        figures, tables, notes = plots(results, manifest.get("seq_len")), TABLES, NOTES
+        figures, notes = plots(results, manifest.get("seq_len")), NOTES
+        tables = tuple(name for name in results if name in TABLES + IMAGE_TABLES)
     else:  # a preference or unpaired output: its own plots, tables and facts
         figures = pair_report.pair_plots(results, manifest.get("seq_len"), kind)
         tables = tuple(n for n in query_names(kind) if n not in pair_report.PLOTTED_ONLY)
@@ -155,6 +171,7 @@ def _facts(dst: str | os.PathLike[str], manifest: dict[str, Any]) -> list[tuple[
         ("dropped", sum((counts.get("dropped") or {}).values())),
         ("rejected", sum((counts.get("rejected") or {}).values())),
         *_mixture_facts(manifest),
+        *_image_facts(manifest),
     ]
 
 
@@ -167,6 +184,17 @@ def _mixture_facts(manifest: dict[str, Any]) -> list[tuple[str, Any]]:
         ("mixture", f"{names} by {mixture.get('mix_by')} (seed {mixture.get('seed')})"),
         ("repeated", (manifest.get("counts") or {}).get("repeated")),
     ]
+
+
+def _image_facts(manifest: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The image rule of an image run (none for a text run)."""
+    block = image_block(manifest)
+    if block is None:
+        return []
+    pixels = "–".join(str(_cell(block.get(k))) for k in ("min_pixels", "max_pixels"))
+    rule = (f"{block.get('processor')}: patch {block.get('patch_size')}, merge "
+            f"{block.get('merge_size')}, pixels {pixels} ({block.get('mode')})")
+    return [("images", rule)]
 
 
 def _table(name: str, table: pa.Table, notes: dict[str, str]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The plots of `etl report`: matplotlib figures (Agg canvas, no pyplot state) saved as PNG.
 
 Each `draw_*` function fills one Axes from one `sql/` query's table; `figure` adds the title and
-the legend, `plots` makes the report's four (five for a mixture run), in page order, as base64 PNGs.
+the legend, `plots` makes the report's four (five for a mixture run; four more for an image run's
+output, `image_plots`), in page order, as base64 PNGs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ COLORS = ("#3b75af", "#ef8636", "#519e3e", "#c53a32", "#8d69b8", "#84584e")
 LEGEND_COLUMNS = 4
 X_MARGIN = 1.02  # the length axis ends just past the last bin (matplotlib's default margin is 5%)
 MIXTURE_TITLE = "Mixture: requested vs realised share"  # also the image's alt text on the page
+TILT_ABOVE = 6  # bar labels tilt beyond this many: wider ones overlap on the 6.4-inch figure
+MIN_SLOTS = 4  # a plot of one or two bins keeps room for four: one bar would fill the axes
 
 
 def plots(results: dict[str, pa.Table], seq_len: int | None) -> list[dict[str, str]]:
@@ -56,6 +59,7 @@ def plots(results: dict[str, pa.Table], seq_len: int | None) -> list[dict[str, s
             results["drops"],
         ),
     ]
+    figures += image_plots(results)
     mixture = results.get("mixture")
     if mixture is not None and mixture.num_rows:
         figures.append(
@@ -68,6 +72,36 @@ def plots(results: dict[str, pa.Table], seq_len: int | None) -> list[dict[str, s
             )
         )
     return figures
+
+
+def image_plots(results: dict[str, pa.Table]) -> list[dict[str, str]]:
+    """An image run's plots: images per example, image-token share, long sides, tokens per image
+    ([] for a text run's output: its results have no image queries)."""
+    if "images_per_example" not in results:
+        return []
+    per_example, share = results["images_per_example"], results["image_share_histogram"]
+    sizes, tokens = results["image_sizes"], results["image_tokens"]
+    counts = [str(n) for n in per_example.column("images").to_pylist()]
+    shares = _ranges(share, "percent_from", "percent_to", "{a}–{b}%")
+    return [
+        plot_png("Images per example", "Examples per number of images, per split.",
+                 draw_split_bars, per_example, counts, "examples", "images per example"),
+        plot_png("Image-token share per example", "Examples with images per share of their tokens "
+                 "that are image tokens (num_image_tokens / num_tokens), per split.",
+                 draw_split_bars, share, shares, "examples", "image tokens, share of the example"),
+        plot_png("Image sizes (long side)", "Images per long side in pixels, as load_image sees "
+                 "each image (power-of-two bins), per split.", draw_split_bars, sizes,
+                 _ranges(sizes, "long_side_from", "long_side_to"), "images", "long side (pixels)"),
+        plot_png("Tokens per image", "Images per token count (t*h*w / merge_size², power-of-two "
+                 "bins), per split.", draw_split_bars, tokens,
+                 _ranges(tokens, "tokens_from", "tokens_to"), "images", "tokens per image"),
+    ]
+
+
+def _ranges(table: pa.Table, start: str, end: str, form: str = "{a:,}–{z:,}") -> list[str]:
+    """Each row's bin [start, end) as a bar label: `z` is its last integer (256–511)."""
+    ends = table.column(end).to_pylist()
+    return [form.format(a=a, b=b, z=b - 1) for a, b in zip(table.column(start).to_pylist(), ends)]
 
 
 def plot_png(title: str, caption: str, draw: Callable[..., None], *args: Any) -> dict[str, str]:
@@ -235,3 +269,25 @@ def draw_mixture(ax: Any, mixture: pa.Table) -> None:
     )
     ax.set_ylabel(f"share of {r['mix_by'][0]}")
     ax.set_ylim(0, max(max(requested + realised) * 1.15, 0.05))
+
+
+def draw_split_bars(ax: Any, table: pa.Table, labels: list[str], count: str, xlabel: str) -> None:
+    """Bars of `count` per row label (a bin; every split has the same bins, in order), splits side
+    by side, as `draw_turns` draws turn counts."""
+    # matplotlib (docs/design.md, Measured costs): only when a plot is drawn
+    from matplotlib.ticker import MaxNLocator
+
+    r = table.to_pydict()
+    order = list(dict.fromkeys(labels))
+    splits = sorted(set(r["split"]))
+    width = 0.8 / max(len(splits), 1)
+    for i, split in enumerate(splits):
+        idx = [k for k, s in enumerate(r["split"]) if s == split]
+        xs = [order.index(labels[k]) + (i - (len(splits) - 1) / 2) * width for k in idx]
+        ax.bar(xs, [r[count][k] for k in idx], width=width, color=COLORS[i % len(COLORS)], label=split)
+    tilt, half = len(order) > TILT_ABOVE, max(len(order), MIN_SLOTS) / 2
+    ax.set_xlim((len(order) - 1) / 2 - half, (len(order) - 1) / 2 + half)
+    ax.set_xticks(range(len(order)), order, rotation=30 if tilt else 0, ha="right" if tilt else "center")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(count)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))

@@ -4,7 +4,8 @@ One query per file `sql/<name>.sql`; preference and unpaired outputs (the manife
 the query set of `etl.analysis.pair_stats` (`sql/preference/`). Inputs are bound, never formatted
 in: `$data`, `$turns`, `$rejects`, `$packs` (lists of Parquet files), `$manifest`,
 `$packs_record` (paths of `_manifest.json`, `_packs.json`), `$bin_width`, `$seq_lens`. A query
-receives exactly the parameters it names (DuckDB rejects extra ones).
+receives exactly the parameters it names (DuckDB rejects extra ones). The image queries
+(`IMAGE_QUERIES`) read the columns only image runs write: they are listed for those alone.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from etl.analysis.pair_stats import output_kind, query_file
 from etl.errors import EtlError
 from etl.kinds import KINDS, SFT
 from etl.output.manifest import read_manifest
-from etl.output.parquet import DATA_SCHEMA, KIND_SCHEMAS, REJECTS_SCHEMA, TURNS_SCHEMA
+from etl.output.parquet import DATA_SCHEMA, KIND_SCHEMAS, REJECTS_SCHEMA, TURNS_SCHEMA, data_schema
 from etl.output.parts import listed_parts, listed_splits
 from etl.packing.index import PACKS_SCHEMA
 from etl.packing.index_io import pack_files, read_record
@@ -34,12 +35,18 @@ from etl.packing.index_io import pack_files, read_record
 # ETL_SQL_DIR overrides it.
 SQL_DIR = Path(os.environ.get("ETL_SQL_DIR", Path(__file__).resolve().parents[1] / "sql"))
 
+# The queries of image runs' outputs (the manifest has an `images` block): they read the image
+# columns (docs/images.md, What is written), which text runs lack, so text runs never list them.
+IMAGE_QUERIES = ("images", "images_per_example", "image_share_histogram", "image_sizes", "image_tokens")
+MANIFEST_IMAGES = "images"  # the manifest's block of an image run: the processor's rule, span_ids
+
 # Display order of `etl stats` and the report: summaries first, row listings last.
 QUERY_ORDER = (
     "lengths",
     "length_histogram",
     "trained_share",
     "turns_per_example",
+    *IMAGE_QUERIES,
     "roles",
     "domains",
     "mixture",
@@ -62,8 +69,15 @@ _COMMENT = re.compile(r"--[^\n]*")
 _EMPTY_SCHEMAS = {"data": DATA_SCHEMA, "turns": TURNS_SCHEMA, "rejects": REJECTS_SCHEMA, "packs": PACKS_SCHEMA}
 
 
-def query_names(kind: str = SFT) -> list[str]:
-    """Names of the queries for an output of `kind` in display order (SFT: the `sql/*.sql` stems)."""
+def image_block(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest's `images` block: present for an image run's output, None for a text run's."""
+    block = manifest.get(MANIFEST_IMAGES)
+    return block if isinstance(block, dict) else None
+
+
+def query_names(kind: str = SFT, *, images: bool = False) -> list[str]:
+    """Names of the queries for an output of `kind` in display order (SFT: the `sql/*.sql` stems;
+    `IMAGE_QUERIES` only with `images`, an image run's output)."""
     if not SQL_DIR.is_dir():
         raise EtlError(
             f"query folder {SQL_DIR} not found: install etl editable from its repository "
@@ -71,20 +85,22 @@ def query_names(kind: str = SFT) -> list[str]:
         )
     if queries := KINDS[kind].queries:
         return list(queries)
-    found = {p.stem for p in SQL_DIR.glob("*.sql")}
+    found = {p.stem for p in SQL_DIR.glob("*.sql")} - set(() if images else IMAGE_QUERIES)
     known = [n for n in QUERY_ORDER if n in found]
     return known + sorted(found - set(known))
 
 
-def load_query(name: str, kind: str = SFT) -> str:
-    """The SQL text of query `name` for an output of `kind`.
+def load_query(name: str, kind: str = SFT, *, images: bool = False) -> str:
+    """The SQL text of query `name` for an output of `kind` (`images`: an image run's).
 
     Raises:
-        EtlError: when `kind` has no query `name`; the message lists the valid names.
+        EtlError: when the output has no query `name`; the message lists the valid names.
     """
-    names = query_names(kind)
+    names = query_names(kind, images=images)
     if name not in names:
         of = f" for a {kind} output" if KINDS[kind].pair else ""
+        if name in IMAGE_QUERIES and not images:
+            of = " for an output without images (`etl run --tokenizer` on a processor folder writes them)"
         raise EtlError(f"unknown query {name!r}{of}: choose one of {', '.join(names)}")
     return (SQL_DIR / query_file(name, kind)).read_text(encoding="utf-8")
 
@@ -159,8 +175,9 @@ def run_queries(
     import duckdb  # only the stats/report paths need it (docs/design.md, Imports)
 
     manifest = read_manifest(dst)
-    kind = output_kind(manifest)
-    texts = {name: load_query(name, kind) for name in (names or query_names(kind))}
+    kind, images = output_kind(manifest), image_block(manifest) is not None
+    names = names or query_names(kind, images=images)
+    texts = {name: load_query(name, kind, images=images) for name in names}
     seq_len = int(manifest.get("seq_len") or C.DEFAULT_SEQ_LEN)
     values: dict[str, Any] = {
         "manifest": str(Path(dst) / C.MANIFEST_FILE),
@@ -172,7 +189,7 @@ def run_queries(
     con = duckdb.connect(config={"threads": threads} if threads else {})
     with tempfile.TemporaryDirectory(prefix="etl-stats-") as tmp:
         for group, files in input_files(dst, manifest).items():
-            values[group] = files or [_empty_parquet(Path(tmp), group, kind)]
+            values[group] = files or [_empty_parquet(Path(tmp), group, kind, images=images)]
         if any({"packs", "packs_record"} & _query_parameters(sql) for sql in texts.values()):
             values.update(_pack_inputs(dst, manifest, Path(tmp)))
         try:
@@ -203,8 +220,10 @@ def _execute(con: Any, name: str, sql: str, values: dict[str, Any]) -> pa.Table:
         ) from exc
 
 
-def _empty_parquet(folder: Path, group: str, kind: str = SFT) -> str:
+def _empty_parquet(folder: Path, group: str, kind: str = SFT, *, images: bool = False) -> str:
     path = folder / f"empty-{group}.parquet"
-    schema = KIND_SCHEMAS[kind] if group == "data" else _EMPTY_SCHEMAS[group]
+    # An image run that wrote nothing still gets its image queries: their columns must be there.
+    data = data_schema(weights=False, images=True) if images else KIND_SCHEMAS[kind]
+    schema = data if group == "data" else _EMPTY_SCHEMAS[group]
     pq.write_table(schema.empty_table(), path)
     return str(path)

@@ -16,7 +16,9 @@ NAME = "inspect"
 HELP = "show one example token by token with its loss mask and turn boundaries"
 DESCRIPTION = """\
 Show one example of an etl output as text, token by token: trained tokens (loss_mask)
-highlighted, special tokens in magenta, a marker line where each kept turn starts.
+highlighted, special tokens in magenta, a marker line where each kept turn starts. In an
+image run's example each image's tokens show as one label, e.g.
+<image 1: 640x427 -> grid 1x30x46, 345 tokens> (its size, grid and image tokens).
 With --pack N: packed row N of the pack index (`etl pack`), a marker line where each
 piece starts (example id, row, token range), trained = loss_mask and the piece's flag.
 On a terminal tokens alternate shades so their boundaries show; --plain (the default
@@ -64,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     """Read the example and its turns (or the pack and its pieces), and print them."""
     # pyarrow/rich: only when run, not for --help
     from etl.analysis.inspect_example import (
+        image_span_ids,
         read_example,
         read_turns,
         render_plain,
@@ -102,10 +105,13 @@ def run(args: argparse.Namespace) -> int:
 
         example, turns = as_example(example, kind)
     strings = token_strings(manifest, example["input_ids"], tokenizer=args.tokenizer)
+    spans = image_span_ids(manifest)  # an image run: each image's tokens show as one label
     if plain:
-        sys.stdout.write(render_plain(example, turns, strings, token_sep=args.token_sep))
+        text = render_plain(example, turns, strings, token_sep=args.token_sep, image_span_ids=spans)
+        sys.stdout.write(text)
         return 0
-    return _print_rich(render_rich(example, turns, strings, special_ids=special), color=args.color)
+    rich = render_rich(example, turns, strings, special_ids=special, image_span_ids=spans)
+    return _print_rich(rich, color=args.color)
 
 
 def _print_rich(parts: list[object], *, color: bool) -> int:

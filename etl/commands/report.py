@@ -12,7 +12,8 @@ role (trained share), turns per example, where examples went (truncated, dropped
 rejected), and the tables of `etl stats`. Plots are PNGs embedded in the page.
 A preference output gets prompt/chosen/rejected lengths, the chosen - rejected
 length histogram and the length bias beside score ties; an unpaired (KTO) output
-its prompt/completion lengths and label balance.
+its prompt/completion lengths and label balance. An image run's output adds images
+per example, the image-token share, image sizes (long side) and tokens per image.
 
 example:
   etl report parquet/ -o report.html

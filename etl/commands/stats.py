@@ -19,7 +19,9 @@ strategy), and row listings of suspicious examples. Each table is one
 DuckDB query in sql/<name>.sql. A preference output (the manifest's kind) gets
 its own tables from sql/preference/: pairs and tokens, prompt/chosen/rejected
 lengths, how often chosen is longer, score ties, truncation; an unpaired (KTO)
-output: label balance and prompt/completion lengths.
+output: label balance and prompt/completion lengths. An image run's output (etl run
+--tokenizer on a processor folder) also gets images per example, the image-token share,
+image sizes (long side) and tokens per image.
 
 examples:
   etl stats parquet/
@@ -27,6 +29,7 @@ examples:
   etl stats parquet/ --query packing --seq-len 2048 --seq-len 4096 --format csv
   etl stats parquet/ --query packs          # after `etl pack parquet/ --strategy bfd`
   etl stats pairs/ --query length_bias      # a preference output
+  etl stats vl-out/ --query images --query image_sizes   # an image run's output
 """
 
 FORMATS = ("table", "json", "csv")
@@ -37,6 +40,10 @@ HISTOGRAMS = {
     "length_histogram": "examples",
     "part_length_histogram": "rows",
     "length_difference": "pairs",
+    "images_per_example": "examples",
+    "image_share_histogram": "examples",
+    "image_sizes": "images",
+    "image_tokens": "images",
 }
 
 
@@ -78,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     from etl.analysis.stats import query_names, run_queries
 
     if args.query == ["list"]:
-        print("\n".join(query_names(_kind(args.dst))))
+        kind, images = _kind(args.dst)
+        print("\n".join(query_names(kind, images=images)))
         return 0
     if args.format == "csv" and len(args.query or []) != 1:
         raise EtlError("--format csv prints one table: add --query NAME (see --query list)")
@@ -92,18 +100,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kind(dst: str) -> str:
-    """The output's kind for `--query list`; "sft" where DST is no readable output (the list
-    needs no data)."""
+def _kind(dst: str) -> tuple[str, bool]:
+    """The output's kind for `--query list`, and whether an image run wrote it; ("sft", False)
+    where DST is no readable output (the list needs no data)."""
     # pyarrow (via etl.output): only when run, not for --help
     from etl.analysis.pair_stats import output_kind
+    from etl.analysis.stats import image_block
     from etl.kinds import SFT
     from etl.output.manifest import read_manifest
 
     try:
-        return output_kind(read_manifest(dst))
+        manifest = read_manifest(dst)
+        return output_kind(manifest), image_block(manifest) is not None
     except (EtlError, OSError, ValueError):
-        return SFT
+        return SFT, False
 
 
 def _print_json(tables: dict[str, Any]) -> None:
