@@ -33,7 +33,7 @@ counted as (
         count(*) as images,
         round(avg(p.width), 1) as mean_width,
         round(avg(p.height), 1) as mean_height,
-        round(avg(p.width * p.height) / 1e6, 3) as mean_megapixels,
+        round(avg(p.width * p.height) / 1e6, 4) as mean_megapixels,
         (sum(p.patches) // (r.merge_size * r.merge_size))::bigint as image_tokens
     from pictures as p, rule as r
     group by p.split, p.bin, r.merge_size

@@ -129,9 +129,9 @@ def test_image_sizes(vl_dst: Path) -> None:
     got = [(r["long_side_from"], r["long_side_to"], r["images"], r["mean_width"], r["mean_height"],
             r["mean_megapixels"], r["image_tokens"]) for r in run_query(vl_dst, "image_sizes").to_pylist()]
     assert got == [
-        (32, 64, 2, 56.0, 56.0, 0.003, 8),  # a twice: 3,136 pixels
-        (64, 128, 1, 112.0, 56.0, 0.006, 8),  # b: 6,272
-        (128, 256, 2, 210.0, 182.0, 0.037, 95),  # c, d: (25,088 + 49,392) / 2
+        (32, 64, 2, 56.0, 56.0, 0.0031, 8),  # a twice: 3,136 pixels
+        (64, 128, 1, 112.0, 56.0, 0.0063, 8),  # b: 6,272
+        (128, 256, 2, 210.0, 182.0, 0.0372, 95),  # c, d: (25,088 + 49,392) / 2
         (256, 512, 1, 300.0, 200.0, 0.06, 54),  # e
     ]
 
