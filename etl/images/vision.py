@@ -129,6 +129,12 @@ VISION: dict[str, Callable[[Mapping[str, Any]], VisionRule]] = {
 }
 
 
+def has_vision(tokenizer: str) -> bool:
+    """Whether a `--tokenizer` (a folder, or a tokenizer.json in one) comes with an image processor."""
+    path = Path(tokenizer)
+    return tokenizer != "bytes" and ((path if path.is_dir() else path.parent) / PREPROCESSOR_CONFIG).is_file()
+
+
 def load_vision(folder: str | Path, *, min_pixels: int | None = None,
                 max_pixels: int | None = None) -> VisionRule | None:
     """The `VisionRule` of a model folder's preprocessor_config.json; None when it has none (a

@@ -30,7 +30,7 @@ from etl.pipeline.images import (
     IMAGE_DATA,
     example_images,
     flat_images,
-    image_columns,
+    image_parts,
     read_chunk_images,
     with_images,
 )
@@ -175,7 +175,8 @@ def _write_sft_chunk(source: Source, good: pa.Table, split: pa.Array, state: Run
     with timings.timed("write"):
         kept = dropped.filter(pl.col("why").is_null()) if len(why) else dropped  # a filter copies the ids
         counts.special_text += int(kept[c.CONV].is_in(spelled.implode()).sum()) if len(spelled) else 0
-        _write_examples(kept, plan, counts, state.parts, weights=res.weights, images=images)
+        _write_examples(kept, plan, counts, state.parts, weights=res.weights, images=images,
+                        embed=res.config.images == "embed")
 
 
 # The chunk writer of each kind of row (etl.kinds.KINDS).
@@ -184,7 +185,7 @@ CHUNK_WRITERS = {SFT: _write_sft_chunk, PREFERENCE: _write_pair_chunk, UNPAIRED:
 
 def _write_examples(
     examples: pl.DataFrame, plan: pl.DataFrame, counts: Counts, parts: PartWriter, *, weights: bool,
-    images: pa.StructArray | None = None,
+    images: pa.StructArray | None = None, embed: bool = False,
 ) -> None:
     counts.written += examples.height
     counts.truncated += int(examples[c.TRUNCATED].sum())
@@ -199,8 +200,9 @@ def _write_examples(
     for split in names:
         # One split (no val fraction): the chunk as it is, without a filter's copy of its ids.
         rows = examples if len(names) == 1 else examples.filter(pl.col(c.SPLIT) == split)
-        table = rows.to_arrow() if images is None else image_columns(rows.to_arrow(), images)
-        parts.write(f"{c.DATA_DIR}/{split}", data_table(table, weights=weights, images=images is not None))
+        tables = [rows.to_arrow()] if images is None else image_parts(rows.to_arrow(), images, embed=embed)
+        for table in tables:
+            parts.write(f"{c.DATA_DIR}/{split}", data_table(table, weights=weights, images=images is not None))
         split_turns = turns if len(names) == 1 else turns.filter(pl.col(c.SPLIT) == split)
         parts.write(f"{c.TURNS_DIR}/{split}", conform(split_turns.to_arrow(), TURNS_SCHEMA))
 

@@ -12,6 +12,7 @@ merges text across them.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl import columns as c
-from etl.images.read import read_images
+from etl.images.read import INLINE, read_again, read_images
 from etl.images.vision import MAX_RATIO, VisionRule
 from etl.ragged import range_gather
 from etl.tokens.tokenizer import offsets_to_list_array
@@ -37,11 +38,15 @@ IMAGE_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # HF 
 IMAGE_DATA = "image_data"  # a record's images as read (a list of structs), beside its messages
 IMAGE_BASE = "image_base"  # a record's first image in the chunk's flat image table
 IMAGE_ROWS = "image_rows"  # an example's kept images, as rows of that table
-# `--images embed`: image files held at a time (a slice of a chunk's records, written as one part);
-# the first slice's image count, before the images' mean size is known.
-IMAGE_BYTES_PER_SLICE = 32 << 20
-FIRST_SLICE_IMAGES = 64
-REFERENCE_SLICE_IMAGES = 4096  # `--images reference` holds no bytes: slices only let reading overlap
+# Images a slice of a chunk's records holds (read, then planned, while the next slice is read): a
+# few slices a chunk, so reading overlaps planning at little per-slice planning cost (~0.09 s).
+SLICE_IMAGES = 4096
+# Image tokens a slice's records are planned with at most (a 16 MiB chunk of text is ~3M tokens:
+# docs/design.md, Memory).
+IMAGE_TOKENS_PER_SLICE = 1 << 20
+# `--images embed`: image files a `data` part holds, read again when it is written (~4 parts in
+# memory at once: the one being filled, and the writer's).
+IMAGE_BYTES_PER_PART = 32 << 20
 
 
 class ImageSpan(NamedTuple):
@@ -91,15 +96,16 @@ def _rejects(good: pa.Table, at: np.ndarray, reason: list[str | None], detail: l
 
 def read_chunk_images(good: pa.Table, *, source_path: str, rule: VisionRule | None, root: str | None,
                       embed: bool, seq_len: int) -> Iterator[tuple[pa.Table, pa.Table | None]]:
-    """(records kept, rejects or None) of one parsed chunk, in slices; the kept records' `IMAGES`
-    column becomes each one's images as read (`IMAGE_DATA`: bytes, path, sha256, width, height, grid,
-    tokens), so every later filter of the records keeps them aligned. A record is rejected for its
-    first image that cannot be read or whose size the processor refuses, or when its images alone
-    need more than S tokens; without an image processor every record with images is rejected.
+    """(records kept, rejects or None) of one parsed chunk, in slices of about `SLICE_IMAGES` images;
+    the kept records gain `IMAGE_DATA` (each one's images as read: sha256, size, width, height,
+    grid, tokens, path, location, and bytes only of images that have no location), so every
+    later filter of the records keeps them aligned. A record is rejected for its first image that
+    cannot be read or whose size the processor refuses, or when its images alone need more than S
+    tokens; without an image processor every record with images is rejected.
 
-    With `embed`, a slice holds about `IMAGE_BYTES_PER_SLICE` of image files (its records are
-    planned and written as one part): 16 MiB of JSON can name gigabytes of images, which a whole
-    chunk would hold at once (5,000 LLaMA-Factory-style conversations: 1 GB, 3.8 GB peak RSS).
+    No file's bytes are held here: `--images embed` reads them again part by part when writing
+    (`with_bytes`): 16 MiB of JSON can name gigabytes of images (5,000 LLaMA-Factory-style
+    conversations: 1.4 GB, which held at once took the run to 3.8 GB peak RSS).
     """
     # The references stay beside IMAGE_DATA: the dedup key reads them (etl.ingest.preprocess.IMAGE_KEY).
     images = good.column(c.IMAGES) if c.IMAGES in good.column_names else pa.nulls(good.num_rows, pa.list_(pa.string()))
@@ -116,31 +122,36 @@ def read_chunk_images(good: pa.Table, *, source_path: str, rule: VisionRule | No
     read = functools.partial(_read_slice, base=source_path.rpartition("/")[0] or ".", rule=rule, root=root,
                              embed=embed, seq_len=seq_len)
     ends = np.cumsum(counts)
-
-    def stop_after(start: int, want: int) -> int:  # the slice from `start` with about `want` images
-        before = int(ends[start - 1]) if start else 0
-        return min(len(counts), max(start + 1, int(np.searchsorted(ends, before + want, side="right"))))
-
+    bounds = [0, *(np.flatnonzero(np.diff(ends // SLICE_IMAGES)) + 1).tolist(), len(counts)]
+    spans = [(a, b - a) for a, b in itertools.pairwise(bounds) if b > a]
     # The next slice is read on a thread while this one is planned and written: reading and hashing
-    # release the GIL (5,000 conversations, 10,000 images: ~1.5 s of the run's ~5 s).
+    # release the GIL.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        start, stop, held = 0, stop_after(0, FIRST_SLICE_IMAGES), 0
-        future = pool.submit(read, good.slice(0, stop), images.slice(0, stop))
-        while future is not None:
-            kept, rejects, nbytes = future.result()
-            held += nbytes
-            want = int(IMAGE_BYTES_PER_SLICE * int(ends[stop - 1]) / held) if held else REFERENCE_SLICE_IMAGES
-            start, stop = stop, stop_after(stop, max(1, want)) if stop < len(counts) else stop
-            future = pool.submit(read, good.slice(start, stop - start), images.slice(start, stop - start)) \
-                if start < len(counts) else None
-            yield kept, rejects
+        ahead = [pool.submit(read, good.slice(*spans[0]), images.slice(*spans[0]))]
+        for k in range(len(spans)):
+            if k + 1 < len(spans):
+                ahead.append(pool.submit(read, good.slice(*spans[k + 1]), images.slice(*spans[k + 1])))
+            kept, rejects = ahead.pop(0).result()
+            yield from _by_tokens(kept, rejects)
+
+
+def _by_tokens(kept: pa.Table, rejects: pa.Table | None) -> Iterator[tuple[pa.Table, pa.Table | None]]:
+    """`kept` in pieces of about `IMAGE_TOKENS_PER_SLICE` image tokens (the rejects with the first):
+    a chunk is sized by its JSON, and an image's ~10 bytes of reference stand for up to 16,384 tokens."""
+    images = _single(kept.column(IMAGE_DATA))
+    tokens = pc.fill_null(images.values.field("tokens"), 0).to_numpy().astype(np.int64)
+    ends = np.concatenate(([0], np.cumsum(tokens)))[images.offsets.to_numpy() - images.offsets[0].as_py()][1:]
+    cuts = [0, *(np.flatnonzero(np.diff(ends // IMAGE_TOKENS_PER_SLICE)) + 1).tolist(), kept.num_rows]
+    for k, (a, b) in enumerate(itertools.pairwise(cuts)):
+        if b > a or k == 0:
+            yield kept.slice(a, b - a), rejects if k == 0 else None
 
 
 def _read_slice(good: pa.Table, images: pa.ChunkedArray, *, base: str, rule: VisionRule, root: str | None,
-                embed: bool, seq_len: int) -> tuple[pa.Table, pa.Table | None, int]:
-    """(records kept with `IMAGE_DATA`, rejects or None, bytes of image files held) of some records."""
+                embed: bool, seq_len: int) -> tuple[pa.Table, pa.Table | None]:
+    """(records kept with `IMAGE_DATA`, rejects or None) of some records."""
     refs, counts = _refs(images)
-    read = read_images(refs, base=base, root=root, keep_bytes=embed)
+    read = read_images(refs, base=base, root=root, keep_bytes=INLINE if embed else False)
     # An image that was not read has no size: 0 (refused by the rule; its reader's reason stands).
     grid, ok = rule.grid(pc.fill_null(read.column("height"), 0).to_numpy(),
                          pc.fill_null(read.column("width"), 0).to_numpy())
@@ -156,17 +167,16 @@ def _read_slice(good: pa.Table, images: pa.ChunkedArray, *, base: str, rule: Vis
     at = np.where(over, first_of, at)
     # `--images reference`: the path is where the image was read, which the loader opens again.
     path = read.column("path" if embed else "location")
-    table = read.select(["bytes", "sha256", "width", "height"]).append_column("path", path).append_column(
-        "grid", _grid_array(grid)).append_column("tokens", pa.array(tokens, pa.int32()))
+    table = read.select(["bytes", "sha256", "size", "width", "height", "location"]).append_column(
+        "path", path).append_column("grid", _grid_array(grid)).append_column("tokens", pa.array(tokens, pa.int32()))
     per_record = pa.ListArray.from_arrays(pa.array(np.concatenate(([0], np.cumsum(counts))).astype(np.int32)),
                                           pa.StructArray.from_arrays([col.combine_chunks() for col in table.columns],
                                                                      names=table.column_names))
     keep = pa.array(at < 0)
     kept = good.append_column(IMAGE_DATA, per_record)
-    rejects = None
-    if keep.true_count != len(keep):  # a filter copies every image's bytes: only when one is rejected
-        kept, rejects = kept.filter(keep), _rejects(good, at, reason, detail)
-    return kept, rejects, int(pc.sum(pc.binary_length(read.column("bytes"))).as_py() or 0)
+    if keep.true_count == len(keep):
+        return kept, None
+    return kept.filter(keep), _rejects(good, at, reason, detail)
 
 
 def _reasons(read: pa.Table, refs: list[Any], ok: np.ndarray, rule: VisionRule) -> tuple[list, list]:
@@ -184,8 +194,9 @@ def _reasons(read: pa.Table, refs: list[Any], ok: np.ndarray, rule: VisionRule) 
 
 def _no_images(n: int) -> pa.ListArray:
     """`IMAGE_DATA` of n records without images."""
-    fields = {"bytes": pa.binary(), "sha256": pa.string(), "width": pa.int32(), "height": pa.int32(),
-              "path": pa.string(), "grid": pa.list_(pa.int32()), "tokens": pa.int32()}
+    fields = {"bytes": pa.binary(), "sha256": pa.string(), "size": pa.int64(), "width": pa.int32(),
+              "height": pa.int32(), "location": pa.string(), "path": pa.string(), "grid": pa.list_(pa.int32()),
+              "tokens": pa.int32()}
     empty = pa.StructArray.from_arrays([pa.array([], t) for t in fields.values()], names=list(fields))
     return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), empty)
 
@@ -199,15 +210,20 @@ def record_images(good: pa.Table) -> list[pl.Series]:
     """The records frame's image columns from `IMAGE_DATA`, without the bytes (they stay in Arrow, never
     copied into Polars): each record's images' token counts (`IMAGE_TOKENS`) and its first image's row
     in the chunk's flat image table (`IMAGE_BASE`, `flat_images`)."""
-    images = good.column(IMAGE_DATA).combine_chunks()
+    images = _single(good.column(IMAGE_DATA))
     tokens = pa.ListArray.from_arrays(images.offsets, images.values.field("tokens"))
     base = images.offsets.to_numpy()[:-1] - images.offsets[0].as_py()
     return [pl.Series(c.IMAGE_TOKENS, tokens), pl.Series(IMAGE_BASE, base.astype(np.int64))]
 
 
+def _single(column: pa.ChunkedArray) -> pa.Array:
+    """A column as one array (combine_chunks copies even a single chunk's buffers)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def flat_images(good: pa.Table) -> pa.StructArray:
     """Every image of the chunk's records in record order (`IMAGE_BASE` indexes it)."""
-    images = good.column(IMAGE_DATA).combine_chunks()
+    images = _single(good.column(IMAGE_DATA))
     return images.values.slice(images.offsets[0].as_py(), images.offsets[-1].as_py() - images.offsets[0].as_py())
 
 
@@ -298,23 +314,48 @@ def example_images(records: pl.DataFrame, plan: pl.DataFrame) -> pl.DataFrame:
             .join(cut, on=c.CONV, how="left", maintain_order="left"))
 
 
-def image_columns(rows: pa.Table, flat: pa.StructArray) -> pa.Table:
-    """`rows` (written examples with `IMAGE_ROWS`) with their image columns taken from the flat table:
-    one take of the kept images (the only copy of their bytes after reading), the rest zero-copy."""
-    at = rows.column(IMAGE_ROWS).combine_chunks()
+def image_parts(rows: pa.Table, flat: pa.StructArray, *, embed: bool) -> Iterator[pa.Table]:
+    """`rows` (written examples with `IMAGE_ROWS`) as `data` parts with their image columns; with
+    `embed`, parts of about `IMAGE_BYTES_PER_PART` of image files, each file read again (and its
+    sha256 checked against the first read) only when its part is written."""
+    at = _single(rows.column(IMAGE_ROWS))
+    if not embed or len(at) == 0:
+        yield _image_columns(rows, flat, at, embed=False)
+        return
+    sizes = pc.fill_null(flat.field("size"), 0).to_numpy()
+    ends = np.concatenate(([0], np.cumsum(sizes[at.values.to_numpy()])))[at.offsets.to_numpy() - at.offsets[0].as_py()]
+    cuts = [0, *(np.flatnonzero(np.diff(ends[1:] // IMAGE_BYTES_PER_PART)) + 1).tolist(), len(at)]
+    for a, b in itertools.pairwise(cuts):
+        if b > a:
+            yield _image_columns(rows.slice(a, b - a), flat, at.slice(a, b - a), embed=True)
+
+
+def _image_columns(rows: pa.Table, flat: pa.StructArray, at: pa.ListArray, *, embed: bool) -> pa.Table:
+    """`rows` with their images' columns (`at`: their rows of `flat`)."""
     which = at.values.slice(at.offsets[0].as_py(), at.offsets[-1].as_py() - at.offsets[0].as_py())
-    # Usually every image is kept, in order: the flat table as it is (a take copies every image's bytes).
-    same = len(which) == len(flat) and np.array_equal(which.to_numpy(), np.arange(len(flat)))
-    taken = flat if same else flat.take(which)
+    taken = flat.take(which)  # no image bytes but inline ones: a cheap copy
     offsets = pa.array(at.offsets.to_numpy() - at.offsets[0].as_py(), pa.int32())
     sizes = pa.ListArray.from_arrays(pa.array(np.arange(0, 2 * len(taken) + 1, 2, dtype=np.int32)), pa.array(
         np.stack([taken.field("width").to_numpy(zero_copy_only=False),
                   taken.field("height").to_numpy(zero_copy_only=False)], axis=1).ravel(), pa.int32()))
-    lists = {c.IMAGES: pa.StructArray.from_arrays([taken.field("bytes"), taken.field("path")], names=["bytes", "path"]),
+    data = _with_bytes(taken) if embed else taken.field("bytes")
+    lists = {c.IMAGES: pa.StructArray.from_arrays([data, taken.field("path")], names=["bytes", "path"]),
              c.IMAGE_SHA256: taken.field("sha256"), c.IMAGE_SIZES: sizes, c.IMAGE_GRID_THW: taken.field("grid")}
     for name, values in lists.items():
         rows = rows.append_column(name, pa.ListArray.from_arrays(offsets, values))
     return rows
+
+
+def _with_bytes(images: pa.StructArray) -> pa.Array:
+    """The images' bytes: those kept when read (data URIs, bytes), the others read again from their
+    location (`etl.images.read.read_again`: a file whose sha256 changed since stops the run)."""
+    located = images.field("location").is_valid()
+    if not pc.any(located).as_py():
+        return images.field("bytes")
+    again = read_again(pc.filter(images.field("location"), located).to_pylist(),
+                       pc.filter(images.field("sha256"), located).to_pylist())
+    index = np.cumsum(located.to_numpy(zero_copy_only=False)) - 1  # each located image's row of `again`
+    return pc.if_else(located, again.take(pa.array(np.maximum(index, 0))), images.field("bytes"))
 
 
 def with_images(examples: pl.DataFrame, images: pl.DataFrame) -> pl.DataFrame:

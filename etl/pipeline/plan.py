@@ -18,6 +18,7 @@ from typing import Any
 from etl.columns import INPUT_TYPES
 from etl.config.run_config import Mixture, RunConfig, RunSettings, RunSource
 from etl.errors import EtlError
+from etl.images.vision import has_vision
 from etl.kinds import PAIR_INPUT_TYPES, kind_of
 from etl.pipeline.pair_truncation import PAIR_ONLY, pair_policy
 from etl.pipeline.startup import preset_template
@@ -49,6 +50,9 @@ class RunPlan:
         return dataclasses.replace(self, config=self.config.replace(**changes), sources=sources)
 
 
+IMAGE_CHUNK_BYTES = 1 << 20  # input per chunk of a run whose tokenizer folder has an image processor
+
+
 def load_plan(settings: RunSettings, *, lazy: bool = False) -> tuple[RunPlan, TextTokenizer | None]:
     """The run's plan, and the tokenizer when choosing the template loaded it (`hf`, or `auto`
     with a chat_template); None: the engine loads it (`lazy`: as the token cache asks).
@@ -69,10 +73,14 @@ def plan_with(settings: RunSettings, template: Template, kind: str) -> RunPlan:
     """`settings` as run with `template`, whose name every config records; a config that names no
     default system prompt gets the template's own (`own_default_system`)."""
     system = own_default_system(template)
+    # A vision model's chunks are smaller: a few bytes of image reference stand for up to 16,384
+    # tokens, so a 16 MiB chunk of image conversations planned ~10x the tokens of one of text.
+    chunk = {"chunk_bytes": IMAGE_CHUNK_BYTES} if has_vision(settings.config.tokenizer) else {}
 
     def resolved(config: RunConfig) -> RunConfig:
         given = "default_system" in config.model_fields_set
-        return config.replace(template=template.name, **({} if given else {"default_system": system}))
+        return config.replace(template=template.name, **({} if given else {"default_system": system}),
+                              **({} if "chunk_bytes" in config.model_fields_set else chunk))
 
     sources = tuple(dataclasses.replace(s, config=resolved(s.config)) for s in settings.sources)
     return RunPlan(resolved(settings.config), sources, template, kind, settings.mixture)

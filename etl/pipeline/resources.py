@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from etl import __version__
 from etl import columns as c
@@ -122,6 +123,12 @@ def build_resources(
         token = _extra_special(tokenizer, "eos", template.eos)
         eos = encode_template_text(tokenizer, token, [token])
     vision = load_vision_of(config)
+    if vision is not None:
+        # Image runs allocate image-sized Arrow buffers (tens of MiB) of every size: mimalloc kept
+        # them (20,000 LLaMA-Factory conversations: 713 MiB peak against 617 at 2,000); the system
+        # allocator, whose big blocks are their own mappings (startup.tune_malloc), gives them back
+        # (575 against 567).
+        pa.set_memory_pool(pa.system_memory_pool())
     return Resources(plan=plan, config=config, tokenizer=tokenizer, template=ids,
                      system_ids=_system_ids(tokenizer, ids, config), con=connect() if con is None else con,
                      bos=bos, eos=eos, encoder=encoder, vision=vision,

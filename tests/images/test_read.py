@@ -135,7 +135,8 @@ def test_every_kind_of_reference(tmp_path: Path) -> None:
     rooted = read_images(["img/a.png"], base=str(tmp_path / "data"), root=str(tmp_path / "media"), keep_bytes=False)
     assert rooted.to_pylist()[0] | {"sha256": None} == {  # root wins over base
         "width": 8, "height": 6, "bytes": None, "path": "img/a.png", "sha256": None, "reason": None, "detail": None,
-        "location": str(tmp_path / "media" / "img" / "a.png")}  # where `--images reference` reads it again
+        "location": str(tmp_path / "media" / "img" / "a.png"),  # where `--images reference` reads it again
+        "size": len(png((8, 6)))}
     assert rooted["sha256"][0].as_py() == hashlib.sha256(png((8, 6))).hexdigest()  # kept when bytes are not
     as_uri = read_images(["img/a.png"], base=(tmp_path / "data").as_uri(), root=None, keep_bytes=False)
     assert as_uri["width"].to_pylist() == [30]

@@ -312,3 +312,24 @@ def test_dedup_keys_hold_the_images(vl: Path, pictures: Path, tmp_path: Path) ->
     (tmp_path / "c.json").write_text(json.dumps({"preprocessing": {"deduplicate": True}}))
     rows, manifest = run(vl, records, tmp_path, "--config", str(tmp_path / "c.json"))
     assert rows["source_line"].to_list() == [0, 1] and manifest["counts"]["dropped"] == {"duplicate": 1}
+
+
+def test_embedded_bytes_are_read_again_per_part_and_checked(vl: Path, pictures: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts of at most IMAGE_BYTES_PER_PART of image files, each file read again when its part is
+    written; the rows are those of one part; a file changed between the reads stops the run."""
+    import etl.pipeline.images as images
+    from etl.errors import EtlError
+    from etl.images.read import read_again
+
+    records = conversations(pictures)
+    whole, _ = run(vl, records, tmp_path / "whole", "--image-root", str(tmp_path))
+    monkeypatch.setattr(images, "IMAGE_BYTES_PER_PART", 1)  # a part per example with images
+    parts, _ = run(vl, records, tmp_path / "parts", "--image-root", str(tmp_path))
+    assert len(list((tmp_path / "parts" / "out" / "data" / "train").iterdir())) == len(records)
+    assert parts.drop("id", "source_file").equals(whole.drop("id", "source_file"))
+    shas = [hashlib.sha256((pictures / "tiny.png").read_bytes()).hexdigest()]
+    assert read_again([str(pictures / "tiny.png")], shas).to_pylist() == [(pictures / "tiny.png").read_bytes()]
+    (pictures / "tiny.png").write_bytes(image_bytes((11, 10)))
+    with pytest.raises(EtlError, match="changed while etl run read it"):
+        read_again([str(pictures / "tiny.png")], shas)
