@@ -352,8 +352,9 @@ def _with_bytes(images: pa.StructArray) -> pa.Array:
     located = images.field("location").is_valid()
     if not pc.any(located).as_py():
         return images.field("bytes")
-    again = read_again(pc.filter(images.field("location"), located).to_pylist(),
-                       pc.filter(images.field("sha256"), located).to_pylist())
+    again = read_again(*(pc.filter(images.field(f), located).to_pylist() for f in ("location", "sha256", "size")))
+    if located.true_count == len(located):  # the usual part: every image has a file (no copy)
+        return again
     index = np.cumsum(located.to_numpy(zero_copy_only=False)) - 1  # each located image's row of `again`
     return pc.if_else(located, again.take(pa.array(np.maximum(index, 0))), images.field("bytes"))
 

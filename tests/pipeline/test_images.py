@@ -318,9 +318,9 @@ def test_embedded_bytes_are_read_again_per_part_and_checked(vl: Path, pictures: 
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Parts of at most IMAGE_BYTES_PER_PART of image files, each file read again when its part is
     written; the rows are those of one part; a file changed between the reads stops the run."""
-    import etl.pipeline.images as images
     from etl.errors import EtlError
     from etl.images.read import read_again
+    from etl.pipeline import images
 
     records = conversations(pictures)
     whole, _ = run(vl, records, tmp_path / "whole", "--image-root", str(tmp_path))
@@ -328,8 +328,13 @@ def test_embedded_bytes_are_read_again_per_part_and_checked(vl: Path, pictures: 
     parts, _ = run(vl, records, tmp_path / "parts", "--image-root", str(tmp_path))
     assert len(list((tmp_path / "parts" / "out" / "data" / "train").iterdir())) == len(records)
     assert parts.drop("id", "source_file").equals(whole.drop("id", "source_file"))
-    shas = [hashlib.sha256((pictures / "tiny.png").read_bytes()).hexdigest()]
-    assert read_again([str(pictures / "tiny.png")], shas).to_pylist() == [(pictures / "tiny.png").read_bytes()]
-    (pictures / "tiny.png").write_bytes(image_bytes((11, 10)))
+    files = [str(pictures / "tiny.png"), str(pictures / "wide.jpg")]
+    shas = [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files]
+    sizes = [Path(f).stat().st_size for f in files]
+    assert read_again(files, shas, sizes).to_pylist() == [Path(f).read_bytes() for f in files]
+    (pictures / "tiny.png").write_bytes(image_bytes((11, 10)))  # another size
     with pytest.raises(EtlError, match="changed while etl run read it"):
-        read_again([str(pictures / "tiny.png")], shas)
+        read_again(files, shas, sizes)
+    (pictures / "tiny.png").write_bytes(bytes(sizes[0]))  # the same size, other bytes
+    with pytest.raises(EtlError, match="changed while etl run read it"):
+        read_again(files, shas, sizes)
