@@ -45,7 +45,7 @@ _DATA_URI = "data:image/"  # the prefix load_image decodes as base64; any other 
 _SHOWN = 60  # characters of a data URI a detail shows
 
 
-class _Reject(Exception):
+class Reject(Exception):
     """A reference that gives no image: its reason and one-line detail."""
 
     def __init__(self, reason: str, detail: str) -> None:
@@ -124,7 +124,7 @@ def _name(ref: Any) -> str:
     return f"<{type(ref).__name__}>"
 
 
-def _read_uri(uri: str, written: str) -> bytes:
+def read_uri(uri: str, written: str) -> bytes:
     """The object `uri` names, through pyarrow.fs; one client per store (bucket or host, with the
     URI's options), made once per process by `etl.ingest.location.filesystem`."""
     parts = urllib.parse.urlsplit(uri)
@@ -132,30 +132,30 @@ def _read_uri(uri: str, written: str) -> bytes:
     try:
         fs, root = filesystem(store, what="image")
     except EtlError as exc:
-        raise _Reject(UNREADABLE, f"image {_name(written)}: {exc}") from exc
+        raise Reject(UNREADABLE, f"image {_name(written)}: {exc}") from exc
     path = root.rstrip("/") + "/" + urllib.parse.unquote(parts.path).lstrip("/")
     try:
         with fs.open_input_file(path) as file:
             return file.readall()
     except FileNotFoundError as exc:
-        raise _Reject(MISSING, f"image {_name(written)}: no such object ({display(uri)})") from exc
+        raise Reject(MISSING, f"image {_name(written)}: no such object ({display(uri)})") from exc
     except OSError as exc:
         reason = display((str(exc).strip().splitlines() or [type(exc).__name__])[0])
-        raise _Reject(UNREADABLE, f"image {_name(written)}: cannot read {display(uri)} ({reason}); "
+        raise Reject(UNREADABLE, f"image {_name(written)}: cannot read {display(uri)} ({reason}); "
                                   f"check {checks(uri)}") from exc
 
 
-def _read_file(path: str, written: str) -> bytes:
+def read_file(path: str, written: str) -> bytes:
     """A local file's bytes; `written` is the reference as the record gave it."""
     try:
         with open(path, "rb") as file:
             return file.read()
     except (FileNotFoundError, NotADirectoryError) as exc:
-        raise _Reject(MISSING, f"image {_name(written)}: no such file (resolved to {path})") from exc
+        raise Reject(MISSING, f"image {_name(written)}: no such file (resolved to {path})") from exc
     except IsADirectoryError as exc:
-        raise _Reject(MISSING, f"image {_name(written)}: {path} is a folder, not a file") from exc
+        raise Reject(MISSING, f"image {_name(written)}: {path} is a folder, not a file") from exc
     except OSError as exc:
-        raise _Reject(UNREADABLE, f"image {_name(written)}: cannot read {path} "
+        raise Reject(UNREADABLE, f"image {_name(written)}: cannot read {path} "
                                   f"({exc.strerror or exc})") from exc
 
 
@@ -163,7 +163,7 @@ def _local(uri: str, written: str) -> str:
     """The path of a `file://` URI (`file:///abs/path`; a host other than localhost refused)."""
     parts = urllib.parse.urlsplit(uri)
     if parts.netloc not in ("", "localhost"):
-        raise _Reject(UNREADABLE, f"image {_name(written)}: a file URI names a host "
+        raise Reject(UNREADABLE, f"image {_name(written)}: a file URI names a host "
                                   f"({parts.netloc!r}); write file:///absolute/path")
     return urllib.request.url2pathname(parts.path)
 
@@ -190,27 +190,27 @@ def _from_text(ref: str, base: str | None, root: str | None) -> bytes:
     """The bytes a string reference names: a data URI, a URI, or a path."""
     lowered = ref[:16].lower()
     if lowered.startswith(("http://", "https://")):
-        raise _Reject(REMOTE, f"image {_name(ref)}: remote images are not downloaded during a run; "
+        raise Reject(REMOTE, f"image {_name(ref)}: remote images are not downloaded during a run; "
                               "download them first and give local paths (or s3://, gs://... URIs)")
     if lowered.startswith("data:"):
         if not lowered.startswith(_DATA_URI):
-            raise _Reject(UNREADABLE, f"image {_name(ref)}: a data URI that is not data:image/...")
+            raise Reject(UNREADABLE, f"image {_name(ref)}: a data URI that is not data:image/...")
         try:  # load_image: the text after the first comma, base64.decodebytes (lenient)
             return base64.decodebytes(ref.split(",", 2)[1].encode())
         except (IndexError, ValueError) as exc:
-            raise _Reject(UNREADABLE, f"image {_name(ref)}: not base64 ({exc})") from exc
+            raise Reject(UNREADABLE, f"image {_name(ref)}: not base64 ({exc})") from exc
     where = _resolve(ref, base, root)
-    return _read_uri(where, ref) if is_uri(where) else _read_file(where, ref)
+    return read_uri(where, ref) if is_uri(where) else read_file(where, ref)
 
 
 def _locate(ref: Any, base: str | None, root: str | None) -> _Found:
-    """The bytes of one reference and its `path` column; `_Reject` when there are none."""
+    """The bytes of one reference and its `path` column; `Reject` when there are none."""
     if isinstance(ref, Mapping):  # Hugging Face datasets' Image: bytes win over the path
         data, path = ref.get("bytes"), ref.get("path")
         if data is not None:
             return _locate(data, base, root)._replace(path=_text(path), location=None)
         if path is None:
-            raise _Reject(MISSING, "image {bytes: null, path: null}: neither bytes nor a path")
+            raise Reject(MISSING, "image {bytes: null, path: null}: neither bytes nor a path")
         return _locate(path, base, root)
     if isinstance(ref, (bytes, bytearray, memoryview)):
         return _Found(bytes(ref), None)
@@ -218,8 +218,8 @@ def _locate(ref: Any, base: str | None, root: str | None) -> _Found:
         path = _text(ref)
         return _Found(_from_text(ref, base, root), path, path and _resolve(ref, base, root))
     if ref is None:
-        raise _Reject(MISSING, "image null: no reference")
-    raise _Reject(UNREADABLE, f"image {_name(ref)}: not a path, URI, bytes or {{bytes, path}}")
+        raise Reject(MISSING, "image null: no reference")
+    raise Reject(UNREADABLE, f"image {_name(ref)}: not a path, URI, bytes or {{bytes, path}}")
 
 
 def _text(path: Any) -> str | None:
@@ -231,7 +231,7 @@ def _read_one(ref: Any, base: str | None, root: str | None, keep_bytes: bool | s
     """One row of `read_images`' table (SCHEMA's order)."""
     try:
         found = _locate(ref, base, root)
-    except _Reject as reject:
+    except Reject as reject:
         path = _text(ref.get("path") if isinstance(ref, Mapping) else ref)
         return None, None, None, path, None, reject.reason, reject.detail, None, None
     digest = hashlib.sha256(found.data).hexdigest()
@@ -289,53 +289,3 @@ def _binary(values: Sequence[bytes | None]) -> pa.Array:
     bitmap = None if valid.all() else pa.array(valid).buffers()[1]
     return pa.Array.from_buffers(pa.binary(), len(values), [bitmap, pa.py_buffer(offsets.astype(np.int32)), data],
                                  null_count=int((~valid).sum()))
-
-
-def read_again(locations: Sequence[str], sha256: Sequence[str], sizes: Sequence[int], *,
-               threads: int = 4) -> pa.Array:
-    """The bytes at `locations` (read_images' `location`s, with the `size`s and sha256s they had): what
-    `--images embed` writes, read when its part is written, straight into one buffer (no copy after
-    the read). No header is parsed: reading and hashing release the GIL, so the threads share the
-    cores.
-
-    Raises:
-        EtlError: a file that cannot be read now, or whose bytes changed since they were read.
-    """
-    offsets = np.concatenate(([0], np.cumsum(np.asarray(sizes, np.int64))))
-    if offsets[-1] >= 2**31:  # more than a binary array's int32 offsets: one array per image
-        return pa.array([_checked(w, h, None) for w, h in zip(locations, sha256, strict=True)], pa.binary())
-    buffer = np.empty(int(offsets[-1]), np.uint8)
-    view = memoryview(buffer)
-
-    def one(k: int) -> None:
-        _checked(locations[k], sha256[k], view[offsets[k]:offsets[k + 1]])
-
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        list(pool.map(one, range(len(locations))))
-    return pa.Array.from_buffers(pa.binary(), len(locations),
-                                 [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(buffer)])
-
-
-def _checked(where: str, sha256: str, into: memoryview | None) -> bytes | None:
-    """Read `where` (into `into`, sized as it was, when given) and check its sha256."""
-    changed = EtlError(f"image {where} changed while etl run read it (its bytes differ from the first read's); "
-                       "rerun when the images are settled")
-    try:
-        if into is not None and not is_uri(where):
-            with open(where, "rb") as file:
-                if file.readinto(into) != len(into) or file.read(1):
-                    raise changed
-            data: bytes | memoryview = into
-        else:
-            data = _read_uri(where, where) if is_uri(where) else _read_file(where, where)
-            if into is not None:
-                if len(data) != len(into):
-                    raise changed
-                into[:] = data
-    except _Reject as reject:
-        raise EtlError(f"{reject.detail}, though it was read earlier in this run") from None
-    except OSError as exc:
-        raise EtlError(f"image {where}: cannot read it again ({exc.strerror or exc})") from exc
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise changed
-    return None if into is not None else bytes(data)

@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl import columns as c
-from etl.images.read import INLINE, read_again, read_images
+from etl.images.embed import read_again
+from etl.images.read import INLINE, read_images
 from etl.images.vision import MAX_RATIO, VisionRule
 from etl.ragged import range_gather
 from etl.tokens.tokenizer import offsets_to_list_array

@@ -319,7 +319,7 @@ def test_embedded_bytes_are_read_again_per_part_and_checked(vl: Path, pictures: 
     """Parts of at most IMAGE_BYTES_PER_PART of image files, each file read again when its part is
     written; the rows are those of one part; a file changed between the reads stops the run."""
     from etl.errors import EtlError
-    from etl.images.read import read_again
+    from etl.images.embed import read_again
     from etl.pipeline import images
 
     records = conversations(pictures)
