@@ -24,6 +24,7 @@ import json
 import random
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -161,14 +162,33 @@ def memory(tmp: Path, sizes: tuple[int, int]) -> list[str]:
             f"Peak RSS at {big:,} is {peaks[big] / peaks[small]:.2f}x that at {small:,} (goal <= 1.2x)."]
 
 
+def loader(dst: Path, batches: int = 100) -> list[str]:
+    """The loader's images/s over etl's output: pixel values decoded and resized in its workers."""
+    from etl.loader import PackOptions, ParquetLoader
+
+    lines = ["| batches | workers | images | seconds | images/s |", "|---|---:|---:|---:|---:|"]
+    for workers in (0, 2):
+        loader = ParquetLoader(dst, batch_size=8, packing=PackOptions("bfd"), seed=0, num_workers=workers)
+        started, images = time.perf_counter(), 0
+        for k, batch in enumerate(loader):
+            images += len(batch["image_grid_thw"])
+            if k + 1 == batches:
+                break
+        seconds = time.perf_counter() - started  # workers' start included
+        lines.append(f"| packed bfd, 8 rows | {workers} | {images:,} | {seconds:.1f} | {images / seconds:,.0f} |")
+    return lines
+
+
 def results(rows: int = 5000, rounds: int = 1, sizes: tuple[int, int] = (2000, 20000)) -> str:
     """Both tables as markdown (bench/results.py's `optional_table`); empty without ../shared."""
     if not FOLDER.is_dir():
         return ""
     with tempfile.TemporaryDirectory(prefix="etl-images-") as tmp:
-        lines, _, _ = speed(Path(tmp), rows, rounds)
+        lines, dst, _ = speed(Path(tmp), rows, rounds)
+        rates = loader(dst)
         mem = memory(Path(tmp), sizes)
-    return "\n".join([*lines, "", "Memory (`--images embed`):", "", *mem])
+    return "\n".join([*lines, "", "Loader over etl's output (`ParquetLoader`, packed bfd, S = 4096):", "", *rates, "",
+                      "Memory (`--images embed`):", "", *mem])
 
 
 def main() -> int:
