@@ -20,6 +20,9 @@ MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string()), ("train", 
 # record's tools and images.
 CHAT_MESSAGE = pa.struct([*MESSAGE, ("reasoning", pa.string()), ("calls", pa.list_(pa.string())),
                           ("image_at", pa.list_(pa.int32()))])
+# Single-turn builders add image offsets and the record's images (LLaMA-Factory's `<image>` layout).
+SINGLE_TURN = ("instruction", "prompt_completion")
+IMAGE_MESSAGE = pa.struct([*MESSAGE, ("image_at", pa.list_(pa.int32()))])
 
 
 def build(builder: str, *records: Any, roles: tuple[str, ...] = ROLES, **options: Any) -> list[dict[str, Any]]:
@@ -27,9 +30,10 @@ def build(builder: str, *records: Any, roles: tuple[str, ...] = ROLES, **options
     lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
     raw = pa.table({"source_line": pa.array(range(len(lines)), pa.int64()), "line": pa.array(lines, pa.large_string())})
     table = run_builder(duckdb.connect(), raw, BUILDERS[builder](roles=roles, **options))
-    chat = builder in ("chat", "sharegpt")
-    assert table.column_names == COLUMNS + (["tools", "images"] if chat else [])
-    assert table.schema.field("messages").type.value_type == (CHAT_MESSAGE if chat else MESSAGE)
+    chat, single = builder in ("chat", "sharegpt"), builder in SINGLE_TURN
+    assert table.column_names == COLUMNS + (["tools", "images"] if chat else ["images"] if single else [])
+    assert table.schema.field("messages").type.value_type == (
+        CHAT_MESSAGE if chat else IMAGE_MESSAGE if single else MESSAGE)
     rows = table.to_pylist()
     for row in rows:  # reasoning / calls compared only where a test expects them
         for m in row["messages"] or []:

@@ -63,9 +63,10 @@ def records(path: Path) -> list[dict[str, Any]]:
 
 def msg(role: str, content: str, weight: float | None = None, *, chat: bool = True,
         reasoning: str | None = None, calls: list[str] | None = None) -> dict[str, Any]:
-    """A canonical message; conversation builders (`chat`) also carry reasoning and tool calls."""
+    """A canonical message; conversation builders (`chat`) also carry reasoning and tool calls, and
+    every builder of these files image offsets."""
     base = {"role": role, "content": content, "train": None, "weight": weight}
-    return {**base, "reasoning": reasoning, "calls": calls, "image_at": None} if chat else base
+    return {**base, "reasoning": reasoning, "calls": calls, "image_at": None} if chat else {**base, "image_at": None}
 
 
 @pytest.mark.parametrize("name", sorted(FILES))
