@@ -3,6 +3,8 @@
 The reference for each example is the real `chat_template` applied to everything the pipeline read
 (content, reasoning, tool calls, the record's tools; see `etl.analysis.reference`): by transformers'
 `apply_chat_template` when it is installed, else by etl's jinja2 rendering encoded by raw `tokenizers`.
+Records with images have them read as `etl run` reads them (its rejects counted, not checked), and the
+reference's image parts expanded to transformers' image processor's count for each image.
 This is a diagnostic: it loops over examples in Python (a few hundred per second is plenty).
 """
 
@@ -21,7 +23,15 @@ import pyarrow.compute as pc
 from tqdm import tqdm
 
 from etl import columns as c
-from etl.analysis.reference import Conversation, conversation, load_renderer, tools_column
+from etl.analysis.reference import (
+    NO_TRUNCATION,
+    Conversation,
+    ImageTokens,
+    conversation,
+    image_chunks,
+    load_renderer,
+    tools_column,
+)
 from etl.config.run_config import RunConfig
 from etl.errors import EtlError
 from etl.formats.base import record_keys
@@ -36,7 +46,6 @@ from etl.tokens.hf_template import HF, resolve_template_name
 from etl.tokens.tool_json import BadToolJson
 
 BAD_TOOL_JSON = "bad_tool_json"  # a call or tool list the reference cannot parse: counted, not checked
-NO_TRUNCATION = 1 << 30  # S so large that no conversation is truncated or dropped
 WINDOW_BEFORE, WINDOW_AFTER = 4, 8  # rows shown before / after the first difference
 ALIGN_SPAN = 64  # tokens after it that difflib aligns (quadratic at worst: keep it small)
 
@@ -78,6 +87,9 @@ class CheckReport:
     rejected: dict[str, int] = field(default_factory=dict)
     record_keys: list[str] = field(default_factory=list)
     first_diff: _Diff | None = None
+    images: int = 0  # images in the examples checked
+    differ_image_tokens: int = 0  # differing examples whose image tokens are not as many as the reference's
+    image_reference: str | None = None  # how the reference counts an image's tokens
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -90,7 +102,7 @@ class CheckReport:
 class TemplateReference:
     """The tokenizer's own chat template (see `load_renderer`) and a raw `tokenizers` decoder for pieces."""
 
-    def __init__(self, ctx: Resources) -> None:
+    def __init__(self, ctx: Resources, processor: Path | None = None) -> None:
         # tokenizers: only when the reference tokenizer loads
         from tokenizers import Tokenizer
 
@@ -111,11 +123,22 @@ class TemplateReference:
         self.edge_ids = {i for t in ends if t and (i := self.raw.token_to_id(t)) is not None}
         bos = token_string(config, "bos_token")
         self.bos_id = self.raw.token_to_id(bos) if bos else None
+        # Images: the image processor of `processor` (default the tokenizer's folder), with the run's pixel
+        # bounds (a trainer sets them on its processor too).
+        self.images = None if ctx.vision is None else ImageTokens(
+            processor or Path(path).parent, pad_id=self.raw.token_to_id(ctx.vision.image_token),
+            min_pixels=ctx.config.min_pixels, max_pixels=ctx.config.max_pixels)
 
     def encode(self, conversations: list[Conversation]) -> list[list[int]]:
         # The template renders one conversation at a time (a diagnostic, not a hot path): show progress.
         rendering = tqdm(conversations, desc="check-template", unit="ex", disable=None, leave=False)
-        return self.renderer.ids(rendering)
+        ids = self.renderer.ids(rendering)
+        return ids if self.images is None else self.images.expand_all(ids, conversations)
+
+    def ids_as_data(self, conv: Conversation) -> list[int] | None:
+        """transformers' ids with special-token text in content encoded as text (None: unsupported)."""
+        ids = self.renderer.ids_as_data([conv])
+        return None if ids is None else (ids if self.images is None else self.images.expand_all(ids, [conv]))[0]
 
     def loose(self, ids: list[int]) -> list[int]:
         """Ids without a leading bos and trailing eos/pad/whitespace-only tokens."""
@@ -126,6 +149,7 @@ class TemplateReference:
 
     def has_special_text(self, conv: Conversation) -> bool:
         texts = [m.get(key) or "" for m in conv.messages for key in ("content", "reasoning_content")]
+        texts = [t for text in texts for t in ([p.get("text") or "" for p in text] if isinstance(text, list) else [text])]
         return any(s in text for text in texts for s in self.specials)
 
     def diff(self, example_id: str, ours: list[int], theirs: list[int]) -> _Diff:
@@ -185,17 +209,18 @@ def good_rows(raw: pa.Table, ctx: Resources, query: BuilderQuery, report: CheckR
 
 
 def conversations_of(records: pl.DataFrame, tools: list[str | None], plan: pl.DataFrame,
-                   default_system: str | None) -> list[Conversation | None]:
-    """Everything the pipeline read per record, its injected default system message included.
+                   default_system: str | None, images: list[list[str]] | None = None) -> list[Conversation | None]:
+    """Everything the pipeline read per record, its injected default system message included;
+    `images`: per record the files its images are (`image_sources`; None: no record has images).
 
     None for a record whose tool calls or tool list are not JSON a template can render.
     """
     injected = set(plan.filter(pl.col(c.INJECTED))[c.CONV].to_list())
     convs: list[Conversation | None] = []
-    for conv, messages, tool_text in zip(records[c.CONV].to_list(), records["messages"].to_list(), tools,
-                                         strict=True):
+    for conv, messages, tool_text, files in zip(records[c.CONV].to_list(), records["messages"].to_list(), tools,
+                                                images or [[]] * records.height, strict=True):
         try:
-            item = conversation(messages, tool_text)
+            item = conversation(messages, tool_text, files)
         except BadToolJson:
             convs.append(None)
             continue
@@ -208,37 +233,44 @@ def conversations_of(records: pl.DataFrame, tools: list[str | None], plan: pl.Da
 
 
 def compare_chunk(records: pl.DataFrame, tools: list[str | None], ctx: Resources, ref: TemplateReference,
-                  report: CheckReport) -> None:
+                  report: CheckReport, images: list[list[str]] | None = None) -> None:
     """Run the pipeline on one chunk of records and compare every example with the reference.
 
-    `tools` is the builder's tool-list text per record (all None when the template does not render tools).
+    `tools` is the builder's tool-list text per record (all None when the template does not render tools);
+    `images` the files of each record's images (None: no record has images).
     """
     examples, plan = build_examples(records, ctx)
     ours_by_conv = dict(zip(examples[c.CONV].to_list(), examples[c.INPUT_IDS].to_list(), strict=True))
-    convs = conversations_of(records, tools, plan, ctx.config.default_system)
+    convs = conversations_of(records, tools, plan, ctx.config.default_system, images)
     rows = [(conv, example_id, item) for conv, example_id, item
             in zip(records[c.CONV].to_list(), records[c.ID].to_list(), convs, strict=True) if item is not None]
     if len(rows) < records.height:
         report.rejected[BAD_TOOL_JSON] = report.rejected.get(BAD_TOOL_JSON, 0) + records.height - len(rows)
     theirs = ref.encode([item for _, _, item in rows])
+    if ref.images is not None and any(item.images for _, _, item in rows):
+        report.image_reference = ref.images.description
     for (conv, example_id, item), ref_ids in zip(rows, theirs, strict=True):
         ours = ours_by_conv.get(conv, [])
         report.examples += 1
+        report.images += len(item.images)
         if ours == ref_ids:
             report.identical += 1
             report.identical_loose += 1
             continue
         report.identical_loose += ref.loose(ours) == ref.loose(ref_ids)
+        if item.images and ref.images is not None:
+            report.differ_image_tokens += ours.count(ref.images.pad_id) != ref_ids.count(ref.images.pad_id)
         if ref.has_special_text(item):
             report.differ_with_special_text += 1
-            as_data = ref.renderer.ids_as_data([item])
+            as_data = ref.ids_as_data(item)
             if as_data is not None:
-                report.identical_as_data = (report.identical_as_data or 0) + (as_data[0] == ours)
+                report.identical_as_data = (report.identical_as_data or 0) + (as_data == ours)
         if report.first_diff is None:
             report.first_diff = ref.diff(example_id, ours, ref_ids)
 
 
-def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> CheckReport:
+def check_template(src: str, config: RunConfig, *, limit: int | None = None,
+                   processor: str | None = None) -> CheckReport:
     """Compare the pipeline's `input_ids` with the whole-conversation reference on SRC.
 
     Args:
@@ -247,10 +279,11 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
             template's own default system prompt unless given); `seq_len` is raised so that
             nothing is truncated.
         limit: check at most this many good records.
+        processor: the folder of the image processor the reference loads (default the tokenizer's).
     """
     config = config.replace(seq_len=NO_TRUNCATION)
     ctx = build_resources(config)
-    ref = TemplateReference(ctx)
+    ref = TemplateReference(ctx, Path(processor) if processor else None)
     template = ctx.template.template
     report = CheckReport(template=template.name, tokenizer=ctx.tokenizer.name, reference=ref.renderer.description,
                          default_system=ctx.config.default_system, template_notes=template.notes,
@@ -260,8 +293,9 @@ def check_template(src: str, config: RunConfig, *, limit: int | None = None) -> 
         try:
             for raw in read_chunks(source, chunk_bytes=config.chunk_bytes):
                 good = good_rows(raw, ctx, query, report, room=None if limit is None else limit - report.examples)
-                if good.num_rows:
-                    compare_chunk(records_frame(source.name, good), tools_column(good), ctx, ref, report)
+                for kept, images in image_chunks(good, str(source.path), ctx, report.rejected) if good.num_rows else ():
+                    if kept.num_rows:
+                        compare_chunk(records_frame(source.name, kept), tools_column(kept), ctx, ref, report, images)
                 if limit is not None and report.examples >= limit:
                     return report
         except UnreadableFile as exc:  # counted like `etl run` counts it: one reject, and go on

@@ -25,6 +25,11 @@ def render_text(report: dict[str, Any]) -> str:
         ("identical ignoring bos/eos/trailing whitespace", f"{report['identical_loose']:,}",
          f"{report['share_identical_loose']:.1%}"),
     ]
+    if report.get("images"):
+        rows.append(("images in them", f"{report['images']:,}", "read as etl run reads them"))
+    if report.get("differ_image_tokens"):
+        rows.append(("differing, other image token counts", f"{report['differ_image_tokens']:,}",
+                     "etl's image processor settings and the reference's disagree"))
     if report["differ_with_special_text"]:
         rows.append(("differing, content has special-token text", f"{report['differ_with_special_text']:,}",
                      "etl encodes it as text, on purpose"))
@@ -44,6 +49,7 @@ def render_text(report: dict[str, Any]) -> str:
         (f"default system: etl inserts {_text(report['default_system'])}; the chat_template's own is "
          f"{_text(report['template_default_system'])}"),
         f"reference: {report['reference']}",
+        *([f"image tokens: {report['image_reference']}"] if report.get("image_reference") else []),
     ]
     if report["template_notes"]:
         lines.append(f"template notes: {report['template_notes']}")
@@ -104,6 +110,10 @@ def _verdict(report: dict[str, Any]) -> str:
     if report["default_system"] is None and report["template_default_system"] is not None:
         return ("etl inserts no system prompt (--no-default-system) where the chat_template inserts its "
                 "own, which explains differences in conversations without one: see the hint below")
+    if report.get("differ_image_tokens") == differ:
+        return ("every differing example has another number of image tokens than the reference's processor "
+                "gives: etl's image settings (the tokenizer folder's preprocessor_config.json, --max-pixels, "
+                "--min-pixels) and the reference's disagree (see image tokens below)")
     if report["differ_with_special_text"] == differ:
         return ("every differing example has special-token text in its content, which etl encodes as "
                 "text on purpose (content is data, never control); the reference parses it as control")

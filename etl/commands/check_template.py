@@ -29,11 +29,19 @@ the same pairs (needs trl): pairs equal to TRL's prompt/chosen/rejected ids, and
 reason (the prompt rendered alone differs from inside the conversation; tokens merge across the
 prompt/completion join); etl's rule is the conversation's rendering.
 
+Records with images (a --tokenizer folder with a preprocessor_config.json) have them read as
+`etl run` reads them (relative to the data file's folder or --image-root; its rejects counted,
+not checked); the reference renders each image as an image part and repeats its <|image_pad|>
+as many times as transformers' image processor (from --processor, default the --tokenizer
+folder, with --max-pixels / --min-pixels) gives for the image load_image opens.
+
 examples:
   etl check-template chats.jsonl --tokenizer ../shared/data/qwen2.5-tokenizer
   etl check-template chats.jsonl --tokenizer ../shared/data/phi3-tokenizer --template phi3 --limit 200
   etl check-template data/ --tokenizer DIR --config sharegpt.json --format json
   etl check-template hh.jsonl.gz --tokenizer ../shared/data/qwen2.5-tokenizer --input-type preference
+  etl check-template ../shared/data/images/llamafactory-mllm-demo/mllm_demo.json \
+      --tokenizer ../shared/data/qwen2.5-vl-processor
 """
 
 
@@ -52,6 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="insert no system message where a conversation has none (default: the "
                    "template's own; with this flag the reference's chat_template may still write its own)")
     p.add_argument("--format", choices=["text", "json"], default="text", help="output format (default text)")
+    add_flags(p, ("image_root", "max_pixels", "min_pixels"))
+    p.add_argument("--processor", metavar="DIR", help="the folder whose preprocessor_config.json the reference's "
+                   "image processor loads (default the --tokenizer folder): another config than etl's shows "
+                   "which images it would give other token counts")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
     if check is None:
         raise EtlError("check-template compares conversations (with the chat_template) or preference pairs "
                        "(--input-type preference, with TRL's DPOTrainer); not unpaired completions")
-    report = check(args.src, config, limit=args.limit).to_json()
+    if args.processor and check is not check_template:
+        raise EtlError("--processor checks images of conversations; preference pairs have none")
+    options = {"processor": args.processor} if args.processor else {}
+    report = check(args.src, config, limit=args.limit, **options).to_json()
     if report["examples"] == 0:
         raise EtlError(nothing_checked(report, args.src))
     if args.format == "json":
