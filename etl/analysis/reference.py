@@ -28,7 +28,7 @@ import pyarrow as pa
 from etl import columns as c
 from etl.errors import EtlError
 from etl.images.vision import PREPROCESSOR_CONFIG
-from etl.pipeline.images import read_chunk_images
+from etl.pipeline.image_read import read_chunk_images
 from etl.pipeline.resources import Resources
 from etl.tokens.chat_jinja import render
 from etl.tokens.tool_json import parse_call, parse_tools

@@ -10,7 +10,8 @@ from etl import columns as c
 from etl.pipeline import stages as st
 from etl.pipeline.accounting import Timings
 from etl.pipeline.assemble import Assembled, assemble
-from etl.pipeline.images import IMAGE_DATA, record_images
+from etl.pipeline.image_read import IMAGE_DATA
+from etl.pipeline.images import record_images
 from etl.pipeline.resources import Resources
 
 

@@ -26,12 +26,11 @@ from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_table
 from etl.output.part_writer import PartWriter
 from etl.pipeline.accounting import Counts, Timings, tally
 from etl.pipeline.build import build_examples, records_frame
+from etl.pipeline.image_read import IMAGE_DATA, read_chunk_images
 from etl.pipeline.images import (
-    IMAGE_DATA,
     example_images,
     flat_images,
     image_parts,
-    read_chunk_images,
     with_images,
 )
 from etl.pipeline.joins import control_texts, spells_control

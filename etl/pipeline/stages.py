@@ -111,7 +111,9 @@ def _explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
             calls.cast(pl.List(pl.String)),
             pl.lit(False).alias(INJECTED),
             TOOLS_TEXT,
-            *([pl.col(IMAGE_AT).cast(pl.List(pl.Int32)), IMAGE_TOKENS] if images else []),
+            # (text and transcript messages have no image_at: their records never hold images)
+            *([(pl.col(IMAGE_AT) if IMAGE_AT in names else pl.lit(None)).cast(pl.List(pl.Int32)).alias(IMAGE_AT),
+               IMAGE_TOKENS] if images else []),
         )
         # The tool list belongs to the system turn only (etl.pipeline.tools).
         .with_columns(pl.when(pl.col(TURN_INDEX) == 0).then(pl.col(TOOLS_TEXT)).alias(TOOLS_TEXT))

@@ -338,3 +338,11 @@ def test_embedded_bytes_are_read_again_per_part_and_checked(vl: Path, pictures: 
     (pictures / "tiny.png").write_bytes(bytes(sizes[0]))  # the same size, other bytes
     with pytest.raises(EtlError, match="changed while etl run read it"):
         read_again(files, shas, sizes)
+
+
+def test_text_input_runs_with_a_vision_processor(vl: Path, tmp_path: Path) -> None:
+    """Input types whose messages carry no image offsets (text) run under a processor folder as
+    under its tokenizer alone, with empty image columns."""
+    records = [{"text": "the of and to in is the of and to in is the of and to in is the of and"}]
+    rows, _ = run(vl, records, tmp_path, "--input-type", "text")
+    assert rows.height == 1 and rows["images"][0].to_list() == [] and rows["num_image_tokens"][0] == 0
