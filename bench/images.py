@@ -162,7 +162,7 @@ def memory(tmp: Path, sizes: tuple[int, int]) -> list[str]:
             f"Peak RSS at {big:,} is {peaks[big] / peaks[small]:.2f}x that at {small:,} (goal <= 1.2x)."]
 
 
-def loader(dst: Path, batches: int = 100) -> list[str]:
+def loader(dst: Path, batches: int = 20) -> list[str]:
     """The loader's images/s over etl's output: pixel values decoded and resized in its workers."""
     from etl.loader import PackOptions, ParquetLoader
 
