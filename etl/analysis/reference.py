@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from etl import columns as c
 from etl.errors import EtlError
@@ -276,8 +277,8 @@ def image_chunks(good: pa.Table, source_path: str, ctx: Resources,
     base = source_path.rpartition("/")[0] or "."  # the data file's folder, as `etl run` joins it
     for kept, rejects in read_chunk_images(good, source_path=source_path, rule=ctx.vision, root=ctx.config.image_root,
                                            embed=False, seq_len=NO_TRUNCATION):
-        for reason in [] if rejects is None else rejects.column(c.REASON).to_pylist():
-            rejected[reason] = rejected.get(reason, 0) + 1
+        for item in [] if rejects is None else pc.value_counts(rejects.column(c.REASON)).to_pylist():
+            rejected[item["values"]] = rejected.get(item["values"], 0) + item["counts"]
         files = [image_sources(refs, base=base, root=ctx.config.image_root) for refs in kept.column(REFS).to_pylist()]
         if None in files:
             rejected[NOT_LOCAL] = rejected.get(NOT_LOCAL, 0) + files.count(None)

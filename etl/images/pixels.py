@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,7 +23,8 @@ import numpy as np
 from PIL import Image
 
 from etl.errors import EtlError
-from etl.images.read import decode_rgb, read_images
+from etl.images.embed import Wording, checked_bytes
+from etl.images.read import decode_rgb
 from etl.images.vision import PREPROCESSOR_CONFIG, VisionRule
 from etl.ingest.discover import is_uri
 
@@ -178,6 +180,13 @@ def _decoded(data: bytes, name: str) -> Image.Image:
         raise EtlError(f"{name}: cannot decode the image ({type(exc).__name__}: {exc})") from exc
 
 
+# `--images reference` data read by the loader: the run recorded each file's sha256.
+AFTER_RUN = Wording("image {where}: the file changed after `etl run` (its sha256 is not the one the run "
+                    "recorded); restore it or rerun `etl run`",
+                    "{detail}; `--images reference` data keeps paths, not bytes: restore the file, or rerun "
+                    "`etl run` (--images embed keeps the bytes)")
+
+
 def read_checked(paths: Sequence[str], sha256: Sequence[str]) -> list[bytes]:
     """The files of ``--images reference`` data, each checked against the sha256 `etl run` recorded.
 
@@ -187,12 +196,5 @@ def read_checked(paths: Sequence[str], sha256: Sequence[str]) -> list[bytes]:
     # Threads overlap an object store's waits; for local files a pool costs more than it gives
     # (mllm_demo's JPEGs from the page cache, 11 a call: 0.37 ms an image with 8 threads, 0.06 with 1).
     threads = 8 if any(is_uri(p) for p in paths) else 1
-    table = read_images(list(paths), base=None, root=None, keep_bytes=True, threads=threads).to_pydict()
-    for k, path in enumerate(paths):
-        if table["reason"][k] is not None:
-            raise EtlError(f"{table['detail'][k]}; `--images reference` data keeps paths, not bytes: "
-                           "restore the file, or rerun `etl run` (--images embed keeps the bytes)")
-        if table["sha256"][k] != sha256[k]:
-            raise EtlError(f"image {path}: the file changed after `etl run` (sha256 {table['sha256'][k][:12]}..., "
-                           f"the run recorded {sha256[k][:12]}...); restore it or rerun `etl run`")
-    return table["bytes"]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return list(pool.map(lambda k: checked_bytes(paths[k], sha256[k], wording=AFTER_RUN), range(len(paths))))
