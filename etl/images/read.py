@@ -257,21 +257,30 @@ def read_images(refs: Sequence[Any], *, base: str | None, root: str | None, keep
 
     Relative paths are joined to `root` when given, else to `base` (the data file's folder), else
     to the current folder. Each image's file is read whole (its sha256 needs every byte) but only
-    its header is parsed.
+    its header is parsed. `etl.images.workers` reads them in worker processes instead.
     """
+    return rows_table(read_rows(refs, base, root, keep_bytes, threads))
+
+
+def read_rows(refs: Sequence[Any], base: str | None, root: str | None, keep_bytes: bool | str,
+              threads: int = 1) -> list[tuple]:
+    """`read_images`' rows as tuples (SCHEMA's order), read on `threads` threads."""
     # Per-image Python is fine here: the work is I/O, as the tokenizer's per-text call is its own
-    # work. Measured on 30 sample images (scikit-image's 27 and LLaMA-Factory's 3 demo JPEGs, 4.2 MB,
-    # in the page cache), 100 passes: 0.14 ms an image on one thread (header 0.04 ms, sha256 0.07 ms)
-    # against 2.3 ms for load_image's decode; 0.23 ms with 8 threads, which cost when the files are
-    # cached but overlap the waits of a cold disk or an object store (reads and hashing drop the GIL).
+    # work. Measured on the 10,001 images of bench/images.py (1.4 GB, 29 files in the page cache),
+    # one thread: read 0.1 s, sha256 0.72 s (no GIL), Pillow's header 0.33 s (GIL), against ~2.3 ms
+    # an image for load_image's decode. More threads overlap the waits of a cold disk or an object
+    # store but not the header's GIL: 8 threads took 1.7 s against 1.4 s on one.
     def one(ref: Any) -> tuple:
         return _read_one(ref, base, root, keep_bytes)
 
     if threads > 1 and len(refs) > 1:
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            rows = list(pool.map(one, refs))
-    else:
-        rows = [one(ref) for ref in refs]
+            return list(pool.map(one, refs))
+    return [one(ref) for ref in refs]
+
+
+def rows_table(rows: Sequence[tuple]) -> pa.Table:
+    """The table (SCHEMA) of `read_rows`' rows."""
     columns = list(zip(*rows)) if rows else [()] * len(SCHEMA)
     return pa.table([_binary(col) if pa.types.is_binary(field.type) else pa.array(col, type=field.type)
                      for col, field in zip(columns, SCHEMA)], schema=SCHEMA)

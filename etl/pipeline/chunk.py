@@ -26,7 +26,7 @@ from etl.output.parquet import REJECTS_SCHEMA, TURNS_SCHEMA, conform, data_table
 from etl.output.part_writer import PartWriter
 from etl.pipeline.accounting import Counts, Timings, tally
 from etl.pipeline.build import build_examples, records_frame
-from etl.pipeline.image_read import IMAGE_DATA, read_chunk_images
+from etl.pipeline.image_read import IMAGE_DATA, Started, read_chunk_images
 from etl.pipeline.images import (
     example_images,
     flat_images,
@@ -98,15 +98,17 @@ def _warn_unwritten_weights(good: pa.Table, res: Resources, warned: set[str]) ->
         )
 
 
-def process_chunk(source: Source, parsed: pa.Table, state: RunState) -> None:
-    """Preprocess, plan, assemble and write one parsed chunk of one file; update the counts."""
+def process_chunk(source: Source, parsed: pa.Table, state: RunState, started: list[Started] | None = None) -> None:
+    """Preprocess, plan, assemble and write one parsed chunk of one file; update the counts.
+    `started`: its images' reads, started when it was parsed (`etl.pipeline.image_read.early_reads`)."""
     res, counts, timings = state.res, state.counts, state.timings
     cfg = res.config
     counts.read += parsed.num_rows
     counts.read_per_file[source.name] += parsed.num_rows
     good = _split_parsed(parsed, source, counts, state.parts)
     slices = read_chunk_images(good, source_path=str(source.path), rule=res.vision, root=cfg.image_root,
-                               embed=cfg.images == "embed", seq_len=cfg.seq_len)
+                               embed=cfg.images == "embed", seq_len=cfg.seq_len, workers=res.image_workers,
+                               started=started)
     for kept, bad_images in _timed(slices, timings) if res.vision else slices:
         if bad_images is not None:
             tally(counts.rejected, bad_images.column(c.REASON))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from etl import columns as c
 from etl.images.read import INLINE, read_images
 from etl.images.vision import MAX_RATIO, VisionRule
+from etl.images.workers import ImageWorkers
 
 # Reject reasons of a record for its images (etl.images.read gives the reading ones).
 NO_PROCESSOR = "unsupported_content"  # images, but the tokenizer folder has no image processor
@@ -38,7 +39,7 @@ IMAGE_TOKENS_PER_SLICE = 1 << 20
 
 def _refs(images: pa.ChunkedArray | pa.Array) -> tuple[list[Any], np.ndarray]:
     """Every record's image references (JSON text -> str or dict) and per record its count."""
-    counts = pc.fill_null(pc.list_value_length(images), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    counts = _counts(images)
     flat = pc.list_flatten(images).to_pylist()
     return [json.loads(r) for r in flat], counts  # per image: a file is opened for it anyway
 
@@ -60,8 +61,14 @@ def _rejects(good: pa.Table, at: np.ndarray, reason: list[str | None], detail: l
                      c.RAW: pa.nulls(len(rows), pa.string())})
 
 
+# One slice of a chunk's records whose images are being read: (its first row and rows, its image
+# references, their count per record, and a call that waits for their `read_images` table).
+Started = tuple[tuple[int, int], list[Any], np.ndarray, Callable[[], pa.Table]]
+
+
 def read_chunk_images(good: pa.Table, *, source_path: str, rule: VisionRule | None, root: str | None,
-                      embed: bool, seq_len: int) -> Iterator[tuple[pa.Table, pa.Table | None]]:
+                      embed: bool, seq_len: int, workers: ImageWorkers | None = None,
+                      started: list[Started] | None = None) -> Iterator[tuple[pa.Table, pa.Table | None]]:
     """(records kept, rejects or None) of one parsed chunk, in slices of about `SLICE_IMAGES` images;
     the kept records gain `IMAGE_DATA` (each one's images as read: sha256, size, width, height,
     grid, tokens, path, location, and bytes only of images that have no location), so every
@@ -71,34 +78,85 @@ def read_chunk_images(good: pa.Table, *, source_path: str, rule: VisionRule | No
 
     No file's bytes are held here: `--images embed` reads them again part by part when writing
     (`with_bytes`): 16 MiB of JSON can name gigabytes of images (5,000 LLaMA-Factory-style
-    conversations: 1.4 GB, which held at once took the run to 3.8 GB peak RSS).
+    conversations: 1.4 GB, which held at once took the run to 3.8 GB peak RSS). `workers`: the
+    run's image worker processes (`etl.images.workers`), and `started` what `start_reads` started
+    in them for these records; without workers, the images are read on a thread of this process.
     """
     # The references stay beside IMAGE_DATA: the dedup key reads them (etl.ingest.preprocess.IMAGE_KEY).
-    images = good.column(c.IMAGES) if c.IMAGES in good.column_names else pa.nulls(good.num_rows, pa.list_(pa.string()))
+    images = _images_of(good)
     if images.null_count == len(images):  # a run with an image processor writes its columns all the same
         yield (good if rule is None else good.append_column(IMAGE_DATA, _no_images(good.num_rows))), None
         return
-    counts = pc.fill_null(pc.list_value_length(images), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     if rule is None:
-        at = np.where(counts > 0, 0, -1)
+        at = np.where(_counts(images) > 0, 0, -1)
         why = ("the record has images, but the tokenizer folder has no preprocessor_config.json: use a "
                "vision-language model's processor folder as --tokenizer")
         yield good.filter(pa.array(at < 0)), _rejects(good, at, [NO_PROCESSOR], [why])
         return
-    read = functools.partial(_read_slice, base=source_path.rpartition("/")[0] or ".", rule=rule, root=root,
-                             embed=embed, seq_len=seq_len)
-    ends = np.cumsum(counts)
-    bounds = [0, *(np.flatnonzero(np.diff(ends // SLICE_IMAGES)) + 1).tolist(), len(counts)]
-    spans = [(a, b - a) for a, b in itertools.pairwise(bounds) if b > a]
-    # The next slice is read on a thread while this one is planned and written: reading and hashing
-    # release the GIL.
+    finish = functools.partial(_read_slice, rule=rule, embed=embed, seq_len=seq_len)
+    if workers is not None:
+        if not started or [s[0] for s in started] != _spans(_counts(images)):  # not these records' reads
+            started = start_reads(images, source_path=source_path, root=root, embed=embed, workers=workers)
+        for span, refs, n, read in started:
+            yield from _by_tokens(*finish(good.slice(*span), refs, n, read()))
+        return
+    base, keep = source_path.rpartition("/")[0] or ".", INLINE if embed else False
+    spans = _spans(_counts(images))
+    # The next slice is read on a thread while this one is planned and written: reading and
+    # hashing release the GIL.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        ahead = [pool.submit(read, good.slice(*spans[0]), images.slice(*spans[0]))]
-        for k in range(len(spans)):
+        def start(span: tuple[int, int]) -> Started:
+            refs, n = _refs(images.slice(*span))
+            return span, refs, n, pool.submit(read_images, refs, base=base, root=root, keep_bytes=keep).result
+
+        ahead = [start(spans[0])]
+        for k, span in enumerate(spans):
             if k + 1 < len(spans):
-                ahead.append(pool.submit(read, good.slice(*spans[k + 1]), images.slice(*spans[k + 1])))
-            kept, rejects = ahead.pop(0).result()
-            yield from _by_tokens(kept, rejects)
+                ahead.append(start(spans[k + 1]))
+            _, refs, n, read = ahead.pop(0)
+            yield from _by_tokens(*finish(good.slice(*span), refs, n, read()))
+
+
+def start_reads(images: pa.ChunkedArray, *, source_path: str, root: str | None, embed: bool,
+                workers: ImageWorkers) -> list[Started]:
+    """The reads of every slice of some records' images (`images`: their IMAGES column), started
+    in the workers; `read_chunk_images` of the same records takes them as `started`."""
+    base, keep = source_path.rpartition("/")[0] or ".", INLINE if embed else False
+    started = []
+    for span in _spans(_counts(images)):
+        refs, n = _refs(images.slice(*span))
+        started.append((span, refs, n, workers.read(refs, base=base, root=root, keep_bytes=keep)))
+    return started
+
+
+def early_reads(source_path: str, parsed: pa.Table, *, root: str | None, embed: bool,
+                workers: ImageWorkers) -> list[Started] | None:
+    """`start_reads` of a parsed chunk's good records (those `process_chunk` keeps: no reason), on
+    the prefetch thread as soon as the chunk is parsed: the workers read its images while the
+    chunk before it is planned (and the first chunk's while the tokenizer loads)."""
+    images, reason = _images_of(parsed), parsed.column(c.REASON)
+    if images.null_count == len(images):
+        return None
+    if reason.null_count != len(reason):
+        images = images.filter(reason.is_null())
+    return start_reads(images, source_path=source_path, root=root, embed=embed, workers=workers)
+
+
+def _images_of(table: pa.Table) -> pa.ChunkedArray:
+    """The records' IMAGES column (all null where the input has none)."""
+    if c.IMAGES in table.column_names:
+        return table.column(c.IMAGES)
+    return pa.chunked_array([pa.nulls(table.num_rows, pa.list_(pa.string()))])
+
+
+def _counts(images: pa.ChunkedArray) -> np.ndarray:
+    return pc.fill_null(pc.list_value_length(images), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _spans(counts: np.ndarray) -> list[tuple[int, int]]:
+    """(first record, records) of each slice of about SLICE_IMAGES images."""
+    bounds = [0, *(np.flatnonzero(np.diff(np.cumsum(counts) // SLICE_IMAGES)) + 1).tolist(), len(counts)]
+    return [(a, b - a) for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def _by_tokens(kept: pa.Table, rejects: pa.Table | None) -> Iterator[tuple[pa.Table, pa.Table | None]]:
@@ -113,11 +171,10 @@ def _by_tokens(kept: pa.Table, rejects: pa.Table | None) -> Iterator[tuple[pa.Ta
             yield kept.slice(a, b - a), rejects if k == 0 else None
 
 
-def _read_slice(good: pa.Table, images: pa.ChunkedArray, *, base: str, rule: VisionRule, root: str | None,
+def _read_slice(good: pa.Table, refs: list[Any], counts: np.ndarray, read: pa.Table, *, rule: VisionRule,
                 embed: bool, seq_len: int) -> tuple[pa.Table, pa.Table | None]:
-    """(records kept with `IMAGE_DATA`, rejects or None) of some records."""
-    refs, counts = _refs(images)
-    read = read_images(refs, base=base, root=root, keep_bytes=INLINE if embed else False)
+    """(records kept with `IMAGE_DATA`, rejects or None) of some records, their images `read`
+    (`read_images` of `refs`; `counts` per record)."""
     # An image that was not read has no size: 0 (refused by the rule; its reader's reason stands).
     grid, ok = rule.grid(pc.fill_null(read.column("height"), 0).to_numpy(),
                          pc.fill_null(read.column("width"), 0).to_numpy())

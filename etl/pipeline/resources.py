@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
@@ -35,6 +35,9 @@ from etl.tokens.templates import TemplateIds, resolve_template
 from etl.tokens.tokenizer import TextTokenizer, encode_template_text
 from etl.tokens.tool_format import FORMS
 
+if TYPE_CHECKING:
+    from etl.images.workers import ImageWorkers
+
 
 @dataclass(frozen=True)
 class Resources:
@@ -55,6 +58,8 @@ class Resources:
     # of an image's span in the token stream. None: a text model; records with images are rejected.
     vision: VisionRule | None = None
     image_span: ImageSpan | None = None
+    # The local engine's image worker processes (etl.images.workers); None: images read on threads.
+    image_workers: ImageWorkers | None = None
 
     @property
     def mask(self) -> MaskOptions:

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ from etl.ui.progress import Progress
 
 if TYPE_CHECKING:
     from etl.cache.folder import CacheSettings
+    from etl.images.workers import ImageWorkers
     from etl.pipeline.chunk import RunState
     from etl.pipeline.plan import RunPlan
     from etl.pipeline.resources import Resources
@@ -50,16 +52,19 @@ __all__ = ["LocalEngine", "run"]
 HEAD_START = 1.0
 
 
-Item = tuple[Source, pa.Table | UnreadableFile | None, int]
+# (source, its parsed chunk, or the reason it cannot be read, or None at its end; bytes of the file
+# read through it; what `early` started for the chunk, e.g. its images' reads, or None)
+Item = tuple[Source, pa.Table | UnreadableFile | None, int, Any]
 
 
 def parsed_chunks(
     sources: list[Source], cfg: RunConfig, query: BuilderQuery, con: duckdb.DuckDBPyConnection, timings: Timings,
     parsing: threading.Event, kept: ParsedChunks | None = None,
+    early: Callable[[str, pa.Table], Any] | None = None,
 ) -> Iterator[Item]:
-    """(source, parsed chunk, bytes of the file read through it) in file order; an
-    `UnreadableFile`, then None, ends each file. `kept`: the token cache's parsed chunks, which
-    serve the chunks an earlier run parsed with the same query.
+    """(source, parsed chunk, bytes of the file read through it, `early(source path, chunk)`) in file
+    order; an `UnreadableFile`, then None, ends each file. `kept`: the token cache's parsed chunks,
+    which serve the chunks an earlier run parsed with the same query.
 
     Runs on the prefetch thread, so it takes its own DuckDB cursor; sets `parsing` when the
     first parse starts (or when there is none to start), and it applies
@@ -91,10 +96,10 @@ def parsed_chunks(
                         parsing.set()
                     with timings.timed("parse"):  # on the prefetch thread: overlaps tokenizing
                         parsed = parse(con, raw, query)
-                    yield source, parsed, position[0]
+                    yield source, parsed, position[0], early and early(str(source.path), parsed)
             except UnreadableFile as exc:
-                yield source, exc, position[0]
-            yield source, None, position[0]
+                yield source, exc, position[0], None
+            yield source, None, position[0], None
     finally:
         parsing.set()  # nothing (more) to parse: the main thread must not wait for it
 
@@ -107,13 +112,13 @@ def process(sources: list[Source], parsed: Prefetch[Item], state: RunState, *, p
     total_bytes = sum(s.size() for s in sources)
     counts, parts = state.counts, state.parts
     with parts.background(), Progress(total_bytes=total_bytes, enabled=progress) as bar:
-        for source, item, position in parsed:
+        for source, item, position, started in parsed:
             if item is None:
                 bar.file_done(source.size())
             elif isinstance(item, UnreadableFile):
                 reject_file(source, item, counts, parts)
             else:
-                process_chunk(source, item, state)
+                process_chunk(source, item, state, started)
                 bar.file_position(position)
                 bar.update(counts.read, counts.tokens)
 
@@ -121,6 +126,7 @@ def process(sources: list[Source], parsed: Prefetch[Item], state: RunState, *, p
 def _start_parsing(
     plan: RunPlan, files: list[Source], timings: Timings, parsing: threading.Event, *,
     tokenizer: TextTokenizer | None, cache: CacheSettings | None, kept: ParsedChunks | None,
+    workers: ImageWorkers | None = None,
 ) -> tuple[Prefetch[Item], Resources]:
     """Start parsing the first source's `files` (`kept`: the cache's parsed chunks) on the prefetch
     thread, then load the run's resources while the first chunk parses.
@@ -131,7 +137,8 @@ def _start_parsing(
     con = connect()
     reads = plan.sources[0].config
     query = builder_query_for(reads, plan.template)
-    parsed = Prefetch(parsed_chunks(files, reads, query, con.cursor(), timings, parsing, kept))
+    parsed = Prefetch(parsed_chunks(files, reads, query, con.cursor(), timings, parsing, kept,
+                                    _early(reads, workers)))
     try:
         parsing.wait(timeout=HEAD_START)
         # polars: imported while the first chunk parses
@@ -141,6 +148,28 @@ def _start_parsing(
     except BaseException:
         parsed.__exit__(None, None, None)  # stop the prefetch thread: the run goes no further
         raise
+
+
+def _image_workers(config: RunConfig, input_bytes: int) -> contextlib.AbstractContextManager[Any]:
+    """The run's image worker processes (`etl.images.workers`) when its tokenizer folder has an
+    image processor (closed on leaving); else nothing. Started before the first chunk's parse, so
+    they start beside it."""
+    from etl.images.vision import has_vision
+
+    if not has_vision(config.tokenizer):
+        return contextlib.nullcontext()
+    from etl.images.workers import ImageWorkers
+
+    return ImageWorkers.start(input_bytes) or contextlib.nullcontext()
+
+
+def _early(config: RunConfig, workers: ImageWorkers | None) -> Callable[[str, pa.Table], Any] | None:
+    """What the prefetch thread starts for each parsed chunk: its images' reads in the workers."""
+    if workers is None:
+        return None
+    from etl.pipeline.image_read import early_reads
+
+    return functools.partial(early_reads, root=config.image_root, embed=config.images == "embed", workers=workers)
 
 
 class LocalEngine:
@@ -164,12 +193,15 @@ class LocalEngine:
         tune_malloc()
         self.timings = timings
         self.kept = open_parsed(cache, plan.config.tokenizer)
-        self.first, res = _start_parsing(plan, files[0], timings, self.parsing, tokenizer=tokenizer, cache=cache,
-                                         kept=self.kept)
-        with res.encoder, self.first:
-            if hasattr(res.tokenizer, "plan"):  # the tokenizer backend, by the run's input size
-                res.tokenizer.plan(sum(s.size() for fs in files for s in fs))
-            yield res
+        size = sum(s.size() for fs in files for s in fs)
+        with _image_workers(plan.config, size) as workers:
+            self.first, res = _start_parsing(plan, files[0], timings, self.parsing, tokenizer=tokenizer, cache=cache,
+                                             kept=self.kept, workers=workers)
+            res = dataclasses.replace(res, image_workers=workers)
+            with res.encoder, self.first:
+                if hasattr(res.tokenizer, "plan"):  # the tokenizer backend, by the run's input size
+                    res.tokenizer.plan(size)
+                yield res
         timings.update(res.encoder.saving())  # `--timings`: the seconds the token cache saved
 
     def map_chunks(self, sources: tuple[RunSource, ...], files: list[list[Source]], res: Resources, parts: PartWriter, *,
@@ -192,7 +224,8 @@ class LocalEngine:
             state.parts.prefix = source.name  # a mixture stages each source's parts apart
         mine = dataclasses.replace(state, res=res, counts=Counts(), domain=source.domain)
         parsed = self.first if index == 0 else Prefetch(parsed_chunks(
-            files, source.config, res.builder_query(), res.con.cursor(), self.timings, self.parsing, self.kept))
+            files, source.config, res.builder_query(), res.con.cursor(), self.timings, self.parsing, self.kept,
+            _early(source.config, res.image_workers)))
         assert parsed is not None
         with parsed as items:
             process(files, items, mine, progress=progress)
