@@ -242,6 +242,14 @@ class HFTokenizer:
     def special_id(self, token: str) -> int | None:
         return self._answer("id:" + token, lambda: self._tok.token_to_id(token))
 
+    def surely_absent(self, token: str) -> bool:
+        """True when `special_id(token)` is surely None without parsing tokenizer.json: the string
+        is nowhere in its text (a vocabulary entry or an added token is written there literally, or
+        JSON-escaped). False when that is unknown (the file already parsed, or the string in it)."""
+        if self._raw is None or "id:" + token in self.answers:
+            return False
+        return all(form.encode() not in self._raw for form in {token, json.dumps(token)[1:-1]})
+
     def token_to_id(self, token: str) -> int | None:
         return self.special_id(token)
 

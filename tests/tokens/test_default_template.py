@@ -90,6 +90,20 @@ def test_ngpt_markers_win_over_a_chat_template(marked: Path) -> None:
     assert (config.template, config.default_system) == ("ngpt", DEFAULT_SYSTEM_TEXT)
 
 
+def test_auto_decides_without_parsing_tokenizer_json_where_no_marker_is_in_it(tiny: Path, marked: Path,
+                                                                              tmp_path: Path) -> None:
+    """The run then parses it beside the first chunk's parse; where every marker's string is somewhere
+    in the file (here inside other added tokens) the parsed tokenizer answers."""
+    template, tok = load_template_and_tokenizer("auto", tokenizer_spec=str(tiny), lazy=True)
+    assert template.name == "hf" and "_tok" not in vars(tok)  # not parsed
+    template, tok = load_template_and_tokenizer("auto", tokenizer_spec=str(marked), lazy=True)
+    assert template.name == "ngpt" and "_tok" in vars(tok)
+    near = write_tiny_tokenizer(tmp_path / "near", extra=[m + "x" for m in NGPT_MARKERS])
+    assert has_chat_template(near)
+    template, tok = load_template_and_tokenizer("auto", tokenizer_spec=str(near), lazy=True)
+    assert template.name == "hf" and "_tok" in vars(tok) and tok.special_id(NGPT_MARKERS[0]) is None
+
+
 def test_a_tokenizer_json_alone_or_without_chat_template_is_ngpt(tiny: Path, bare: Path, tmp_path: Path) -> None:
     alone = tmp_path / "alone"
     alone.mkdir()
