@@ -18,8 +18,8 @@ def test_the_bar_counts_work_done(tmp_path: Path, monkeypatch) -> None:
     done, seen = [0], []
     real_chunk, real_position = etl.pipeline.chunk.process_chunk, Progress.file_position
 
-    def chunk(source, parsed, ctx) -> None:
-        real_chunk(source, parsed, ctx)
+    def chunk(source, parsed, ctx, *started) -> None:
+        real_chunk(source, parsed, ctx, *started)
         done[0] += parsed.num_rows
 
     def position(self: Progress, offset: int) -> None:
