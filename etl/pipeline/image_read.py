@@ -94,38 +94,31 @@ def read_chunk_images(good: pa.Table, *, source_path: str, rule: VisionRule | No
         yield good.filter(pa.array(at < 0)), _rejects(good, at, [NO_PROCESSOR], [why])
         return
     finish = functools.partial(_read_slice, rule=rule, embed=embed, seq_len=seq_len)
-    if workers is not None:
-        if not started or [s[0] for s in started] != _spans(_counts(images)):  # not these records' reads
-            started = start_reads(images, source_path=source_path, root=root, embed=embed, workers=workers)
-        for span, refs, n, read in started:
+    start = functools.partial(start_reads, images, source_path=source_path, root=root, embed=embed)
+
+    def planned(reads: list[Started]) -> Iterator[tuple[pa.Table, pa.Table | None]]:
+        for span, refs, n, read in reads:
             yield from _by_tokens(*finish(good.slice(*span), refs, n, read()))
+
+    if workers is None:  # every slice read on a thread, in turn, while the ones before are planned
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            yield from planned(start(lambda refs, **how: pool.submit(read_images, refs, **how).result))
         return
-    base, keep = source_path.rpartition("/")[0] or ".", INLINE if embed else False
-    spans = _spans(_counts(images))
-    # The next slice is read on a thread while this one is planned and written: reading and
-    # hashing release the GIL.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        def start(span: tuple[int, int]) -> Started:
-            refs, n = _refs(images.slice(*span))
-            return span, refs, n, pool.submit(read_images, refs, base=base, root=root, keep_bytes=keep).result
-
-        ahead = [start(spans[0])]
-        for k, span in enumerate(spans):
-            if k + 1 < len(spans):
-                ahead.append(start(spans[k + 1]))
-            _, refs, n, read = ahead.pop(0)
-            yield from _by_tokens(*finish(good.slice(*span), refs, n, read()))
+    if not started or [s[0] for s in started] != _spans(_counts(images)):  # not these records' reads
+        started = start(workers.read)
+    yield from planned(started)
 
 
-def start_reads(images: pa.ChunkedArray, *, source_path: str, root: str | None, embed: bool,
-                workers: ImageWorkers) -> list[Started]:
-    """The reads of every slice of some records' images (`images`: their IMAGES column), started
-    in the workers; `read_chunk_images` of the same records takes them as `started`."""
+def start_reads(images: pa.ChunkedArray, read: Callable[..., Callable[[], pa.Table]], *, source_path: str,
+                root: str | None, embed: bool) -> list[Started]:
+    """The reads of every slice of some records' images (`images`: their IMAGES column) started by
+    `read` (`ImageWorkers.read`, or a thread's); `read_chunk_images` of the same records takes them
+    as `started`."""
     base, keep = source_path.rpartition("/")[0] or ".", INLINE if embed else False
     started = []
     for span in _spans(_counts(images)):
         refs, n = _refs(images.slice(*span))
-        started.append((span, refs, n, workers.read(refs, base=base, root=root, keep_bytes=keep)))
+        started.append((span, refs, n, read(refs, base=base, root=root, keep_bytes=keep)))
     return started
 
 
@@ -139,7 +132,7 @@ def early_reads(source_path: str, parsed: pa.Table, *, root: str | None, embed: 
         return None
     if reason.null_count != len(reason):
         images = images.filter(reason.is_null())
-    return start_reads(images, source_path=source_path, root=root, embed=embed, workers=workers)
+    return start_reads(images, workers.read, source_path=source_path, root=root, embed=embed)
 
 
 def _images_of(table: pa.Table) -> pa.ChunkedArray:
