@@ -106,7 +106,8 @@ def _cache_line(cache: dict[str, Any] | None, saved: float | None) -> str | None
             f"{cache['from_cache']:,} read from the cache ({cache['hit_rate']:.1%}), {cache['tokenized']:,} tokenized"
             + (f" ({cache['backend']})" if cache.get("backend") else ""))
     if saved:
-        line += f"; saved ~{saved:.1f}s of tokenizing ({cache['tokens_from_cache']:,} tokens at this tokenizer's rate)"
+        line += (f"; saved ~{saved:.1f}s of tokenizing ({cache['tokens_from_cache']:,} tokens at the rate this "
+                 "tokenizer's backend measured)")
     if parsed := cache.get("parsed_chunks"):
         line += f"; {parsed['from_cache']:,} of {parsed['from_cache'] + parsed['parsed']:,} input chunks read back parsed"
     return line

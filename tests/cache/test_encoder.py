@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import etl.cache.store as store_module
 from etl.cache import folder as fo
-from etl.cache.encoder import Encoder
+from etl.cache.encoder import SAVED, Encoder
 from etl.cache.folder import CacheSettings
 from etl.cache.segments import KEY0, KEY1, read_segment
 from etl.errors import EtlWarning
@@ -272,6 +272,32 @@ def test_close_is_once_and_logs_the_run(tok: HFTokenizer, tmp_path: Path) -> Non
     assert (entry["strings"], entry["distinct"]) == (len(BATCH), DISTINCT)
     assert (entry["tokenized"], entry["from_cache"]) == (DISTINCT, 0)
     assert entry["namespace"] == hashlib.sha256(tok.cache_key.encode()).hexdigest()[:32]
+
+
+def test_the_saving_is_priced_at_the_rate_of_the_backend_the_run_uses(tiny_tokenizer_path: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm run that tokenized nothing prices its cached tokens at the last logged rate of its own
+    backend, never at another's (gigatoken's ~40x `tokenizers`' would overstate or hide it)."""
+    root = tmp_path / "cache"
+    tok = HFTokenizer(tiny_tokenizer_path)
+    tok.plan(0)  # a small input: `auto` settles on hf
+    cold = Encoder(tok, CacheSettings(root))
+    encode(cold, BATCH)
+    cold.close()
+    entry = json.loads((root / "runs.jsonl").read_text().splitlines()[-1])
+    assert entry["backend"] == "hf"
+    fo.log_run(root, {**entry, "tokens_tokenized": 1000, "tokenizer_seconds": 1.0})  # hf: 1,000 tokens/s
+    fo.log_run(root, {**entry, "backend": "gigatoken", "tokens_tokenized": 40000, "tokenizer_seconds": 1.0})
+    warm = Encoder(HFTokenizer(tiny_tokenizer_path), CacheSettings(root))
+    warm.tokenizer.plan(0)
+    encode(warm, BATCH)
+    cached = warm.stats.tokens_from_cache
+    assert cached > 0 and warm.stats.tokenized == 0
+    assert warm.saving()[SAVED] == pytest.approx(cached / 1000)
+    monkeypatch.setattr(warm, "_backend", lambda: "gigatoken")
+    assert warm.saving()[SAVED] == pytest.approx(cached / 40000)
+    monkeypatch.setattr(warm, "_backend", lambda: "other")  # no run of it logged: no estimate
+    assert warm.saving() == {}
 
 
 @pytest.mark.shared
