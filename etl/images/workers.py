@@ -91,18 +91,26 @@ class ImageWorkers:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         if cpus < 2 or input_bytes < WORKERS_FROM_BYTES or not _spawn_safe():
             return None
-        return cls(min(cpus, MAX_WORKERS))
+        try:
+            return cls(min(cpus, MAX_WORKERS))
+        except (OSError, ImportError, NotImplementedError):  # no process start, no semaphores (/dev/shm)
+            return None
 
     def read(self, refs: Sequence[Any], *, base: str | None, root: str | None,
              keep_bytes: bool | str) -> Callable[[], pa.Table]:
         """What `read_images(refs, ...)` returns, read in the workers: call the result for it."""
         paths = (r.get("path") if isinstance(r, Mapping) else r for r in refs)
-        if self._pool is None or len(refs) < THREAD_IMAGES or _remote(base) or _remote(root) or any(
-                map(_remote, paths)):  # on a thread, as read_chunk_images reads without workers
-            return self._thread.submit(read_images, refs, base=base, root=root, keep_bytes=keep_bytes).result
-        tasks = [self._pool.submit(read_rows, refs[at:at + TASK_IMAGES], base, root, keep_bytes)
-                 for at in range(0, len(refs), TASK_IMAGES)]
-        return lambda: rows_table(self._gather(tasks, refs, base, root, keep_bytes))
+        pool = self._pool  # once: the main thread may stop a broken pool while the prefetch thread reads
+        if pool is not None and len(refs) >= THREAD_IMAGES and not (_remote(base) or _remote(root) or any(
+                map(_remote, paths))):
+            try:
+                tasks = [pool.submit(read_rows, refs[at:at + TASK_IMAGES], base, root, keep_bytes)
+                         for at in range(0, len(refs), TASK_IMAGES)]
+                return lambda: rows_table(self._gather(tasks, refs, base, root, keep_bytes))
+            except (BrokenProcessPool, RuntimeError):  # broken, or stopped meanwhile: read here
+                pass
+        # on a thread, as read_chunk_images reads without workers
+        return self._thread.submit(read_images, refs, base=base, root=root, keep_bytes=keep_bytes).result
 
     def _gather(self, tasks: list[Future], refs: Sequence[Any], base: str | None, root: str | None,
                 keep_bytes: bool | str) -> list[tuple]:

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -51,12 +52,28 @@ def test_workers_read_what_read_images_reads(pool: w.ImageWorkers, tmp_path: Pat
 
 def test_a_broken_pool_is_read_again_here(pool: w.ImageWorkers, tmp_path: Path) -> None:
     refs = _refs(tmp_path)
+    expected = read_images(refs, base=str(tmp_path), root=None, keep_bytes=False)
     pids = [pool._pool.submit(w._ready).result() for _ in range(4)]  # type: ignore[union-attr]
     os.kill(pids[0], signal.SIGKILL)
-    read = pool.read(refs, base=str(tmp_path), root=None, keep_bytes=False)
-    assert read() == read_images(refs, base=str(tmp_path), root=None, keep_bytes=False)
+    assert pool.read(refs, base=str(tmp_path), root=None, keep_bytes=False)() == expected  # submitted, then broke
+    with w.ImageWorkers(2) as broken:  # broken before the read is submitted
+        os.kill(broken._pool.submit(w._ready).result(), signal.SIGKILL)  # type: ignore[union-attr]
+        deadline = time.monotonic() + 30
+        while not broken._pool._broken and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.01)
+        assert broken.read(refs, base=str(tmp_path), root=None, keep_bytes=False)() == expected
     # later reads stay in this process
     assert pool.read(refs[:70], base=str(tmp_path), root=None, keep_bytes=False)().num_rows == 70
+
+
+def test_no_workers_where_processes_cannot_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(w, "_spawn_safe", lambda: True)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(38, "Function not implemented")  # e.g. no /dev/shm for the pool's semaphores
+
+    monkeypatch.setattr(w, "ProcessPoolExecutor", refuse)
+    assert w.ImageWorkers.start(1 << 30) is None
 
 
 def test_object_store_references_stay_in_this_process(pool: w.ImageWorkers, monkeypatch: pytest.MonkeyPatch) -> None:
