@@ -100,17 +100,21 @@ class ImageWorkers:
              keep_bytes: bool | str) -> Callable[[], pa.Table]:
         """What `read_images(refs, ...)` returns, read in the workers: call the result for it."""
         paths = (r.get("path") if isinstance(r, Mapping) else r for r in refs)
+        local = not (_remote(base) or _remote(root) or any(map(_remote, paths)))
+        tasks = self._submit(refs, base, root, keep_bytes) if local and len(refs) >= THREAD_IMAGES else None
+        if tasks is None:  # on a thread, as read_chunk_images reads without workers
+            return self._thread.submit(read_images, refs, base=base, root=root, keep_bytes=keep_bytes).result
+        return lambda: rows_table(self._gather(tasks, refs, base, root, keep_bytes))
+
+    def _submit(self, refs: Sequence[Any], base: str | None, root: str | None,
+                keep_bytes: bool | str) -> list[Future] | None:
+        """The reads' tasks in the workers; None when there are none to take them (stopped, or broken)."""
         pool = self._pool  # once: the main thread may stop a broken pool while the prefetch thread reads
-        if pool is not None and len(refs) >= THREAD_IMAGES and not (_remote(base) or _remote(root) or any(
-                map(_remote, paths))):
-            try:
-                tasks = [pool.submit(read_rows, refs[at:at + TASK_IMAGES], base, root, keep_bytes)
-                         for at in range(0, len(refs), TASK_IMAGES)]
-                return lambda: rows_table(self._gather(tasks, refs, base, root, keep_bytes))
-            except (BrokenProcessPool, RuntimeError):  # broken, or stopped meanwhile: read here
-                pass
-        # on a thread, as read_chunk_images reads without workers
-        return self._thread.submit(read_images, refs, base=base, root=root, keep_bytes=keep_bytes).result
+        try:
+            return None if pool is None else [pool.submit(read_rows, refs[at:at + TASK_IMAGES], base, root, keep_bytes)
+                                              for at in range(0, len(refs), TASK_IMAGES)]
+        except (BrokenProcessPool, RuntimeError):  # broken, or stopped meanwhile (RuntimeError: after shutdown)
+            return None
 
     def _gather(self, tasks: list[Future], refs: Sequence[Any], base: str | None, root: str | None,
                 keep_bytes: bool | str) -> list[tuple]:
