@@ -56,19 +56,23 @@ def process_age() -> float | None:
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
-MMAP_THRESHOLD = 1 << 20  # bytes: allocations this large get their own pages, freed at once
+# bytes: allocations this large get their own pages, freed at once. Above a chunk's ids (~14 MiB
+# for 16 MiB of chat), so those come back from the heap; at 1 MiB every one was fresh pages,
+# zeroed by the kernel: 7.9 s of system time on T0 x10 against 4.8 s (bench/scale.py).
+MMAP_THRESHOLD = 16 << 20
 ARENA_MAX = 2
 
 
 def tune_malloc() -> None:
-    """Make glibc give big freed blocks back to the system at once (Linux; elsewhere nothing).
+    """Bound glibc's heap and put Arrow's buffers on it (Linux; elsewhere nothing).
 
     By default glibc raises its mmap threshold to the largest block freed so far (up to 32 MiB),
-    so after the first chunk every per-chunk numpy array (~14 MiB of ids each) comes from the
-    heap, where freed memory stays resident, fragmented across the threads' arenas. A fixed
-    threshold keeps them in their own mappings, returned on free. Measured on a 5k-chat T0 slice
-    repeated 10x (Qwen2.5, 16 MiB chunks): peak RSS 566 -> 534 MiB, and flat from 10x to 50x
-    input. It costs a page fault per 4 KiB of a new big array (docs/design.md, Measured costs).
+    where freed memory stays resident, fragmented across the threads' arenas. A fixed threshold
+    (MMAP_THRESHOLD) and two arenas bound that. Arrow's own allocator (mimalloc) keeps the pages
+    it freed to itself; on glibc's, Arrow's buffers (parsed chunks, Parquet pages) reuse the
+    heap numpy's arrays left. T0 x10 (bench/scale.py; 1 MiB threshold and mimalloc before):
+    wall 18.2 -> 16.1 s, system time 8.0 -> 4.8 s, peak RSS 1.08 -> 1.13 GiB (medians of 3,
+    interleaved; docs/design.md, Measured costs). ARROW_DEFAULT_MEMORY_POOL, when set, wins.
     """
     if not sys.platform.startswith("linux"):
         return
@@ -80,3 +84,7 @@ def tune_malloc() -> None:
     mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     mallopt(_M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
     mallopt(_M_ARENA_MAX, ARENA_MAX)
+    if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
+        import pyarrow as pa  # already imported by the parse's modules
+
+        pa.set_memory_pool(pa.system_memory_pool())
