@@ -101,7 +101,7 @@ def _cache_line(cache: dict[str, Any] | None, saved: float | None) -> str | None
     """The token cache's line: texts read back, and the tokenizer seconds that saved."""
     if not cache:
         return None
-    where = f"token cache {cache['dir']}" if cache["dir"] else "no token cache (--no-cache)"
+    where = f"token cache {cache['dir']}" if cache["dir"] else "no token cache (--cache DIR keeps one)"
     line = (f"etl run: {where}: {cache['strings']:,} texts, {cache['distinct']:,} distinct per batch, "
             f"{cache['from_cache']:,} read from the cache ({cache['hit_rate']:.1%}), {cache['tokenized']:,} tokenized"
             + (f" ({cache['backend']})" if cache.get("backend") else ""))

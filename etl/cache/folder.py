@@ -8,7 +8,8 @@
     <root>/<namespace>/<sha256>.parquet   segments (`etl.cache.segments`)
     <root>/parsed/<key>.<sha256>.arrow    parsed input chunks (`etl.cache.parsed`)
 
-The root is `--cache DIR`, else $ETL_CACHE_DIR, else ~/.cache/etl/tokens. Its size is capped
+The root is `--cache DIR`, else $ETL_CACHE_DIR; with neither, `etl run` keeps no cache (`etl cache`
+looks at ~/.cache/etl/tokens, where earlier releases kept it by default). Its size is capped
 (`--cache-max-gb`, $ETL_CACHE_MAX_GB, default 4 GB): when a run ends the least recently used
 segments and parsed chunks go first. Nothing without the marker, and nothing but etl's own
 names, is ever removed; nothing below the root is written or removed through a symlink
@@ -57,8 +58,10 @@ class CacheSettings:
 
     @classmethod
     def resolve(cls, folder: str | None = None, *, disabled: bool = False, max_gb: float | None = None) -> CacheSettings:
-        """--cache DIR / --no-cache / --cache-max-gb, else $ETL_CACHE_DIR and $ETL_CACHE_MAX_GB, else defaults."""
-        root = None if disabled else Path(folder).expanduser() if folder else default_root()
+        """--cache DIR / --no-cache / --cache-max-gb, else $ETL_CACHE_DIR and $ETL_CACHE_MAX_GB; with
+        neither folder, no cache (OFF_BY_DEFAULT says why)."""
+        named = folder or os.environ.get(ENV_DIR)
+        root = None if disabled or not named else Path(named).expanduser()
         return cls(root, max_bytes(max_gb))
 
 
@@ -67,7 +70,18 @@ def lazy_tokenizer(cache: CacheSettings | None) -> bool:
     return cache is not None and cache.root is not None
 
 
+# Why `etl run` keeps no cache unless told where (docs/token-cache.md). With gigatoken encoding
+# ~40x faster than `tokenizers`, the ids a warm run reads back save less than the cache costs: on
+# all of T0 (Qwen2.5, `python bench/token_cache.py --rounds 2`) filling it made a first run 7.4%
+# slower, and a warm rerun at another --seq-len was 1.66x faster than a run without it, short of
+# the 5% and 3x that would earn it a default (its lookup, parse read-back, planning, assembly and
+# write remain).
+OFF_BY_DEFAULT = "off by default: --cache DIR or $ETL_CACHE_DIR keeps one"
+
+
 def default_root() -> Path:
+    """The folder `etl cache info|clear` look at without --cache: $ETL_CACHE_DIR, else where
+    earlier releases kept the cache by default."""
     return Path(os.environ.get(ENV_DIR) or Path.home() / ".cache" / "etl" / "tokens").expanduser()
 
 

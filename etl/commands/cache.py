@@ -15,8 +15,9 @@ DESCRIPTION = """\
 The token cache keeps the ids of every content string a run tokenized, keyed by the tokenizer
 and the string, so a rerun with another seq_len, mask, template or mixture reads them instead
 of tokenizing; and each input chunk as parsed, keyed by its bytes and the parse settings, so
-the rerun does not parse the JSON again either. Its folder: --cache DIR, else $ETL_CACHE_DIR,
-else ~/.cache/etl/tokens.
+the rerun does not parse the JSON again either. `etl run` keeps one only when told where
+(--cache DIR or $ETL_CACHE_DIR). This command's folder: --cache DIR, else $ETL_CACHE_DIR, else
+~/.cache/etl/tokens (where earlier releases kept it by default).
 
   info    size, segments per tokenizer, parsed input chunks, and the hit rates of the last runs
   clear   remove every segment and parsed chunk (only etl's own files; the folder must be an etl

@@ -62,16 +62,18 @@ def test_the_second_run_reads_only_the_input(tmp_path: Path, flags: list[str],
         assert manifest["counts"]["read"] == 20 and not manifest["counts"]["rejected"]
 
 
-def test_the_default_cache_and_etl_cache_dir_are_checked_alike(
+def test_etl_cache_dir_is_checked_and_without_it_no_cache_is_made(
         tmp_path: Path, flags: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     src = write_jsonl(tmp_path / "s" / "chats.jsonl", chats(5)).parent
     monkeypatch.setenv("ETL_CACHE_DIR", str(src / "tokens"))
     refused(["run", str(src), str(tmp_path / "d"), *flags], tmp_path, src / "tokens", capsys)
     monkeypatch.delenv("ETL_CACHE_DIR")
-    monkeypatch.setenv("HOME", str(tmp_path))  # the default: $HOME/.cache/etl/tokens
+    # No cache by default: SRC may hold the folder earlier releases cached in, and none is made.
+    monkeypatch.setenv("HOME", str(tmp_path))
     write_jsonl(tmp_path / ".cache" / "chats.jsonl", chats(5))
-    refused(["run", str(tmp_path / ".cache"), str(tmp_path / "d"), *flags], tmp_path,
-            tmp_path / ".cache" / "etl" / "tokens", capsys)
+    manifest = etl_run(tmp_path / ".cache", tmp_path / "d", *flags)
+    assert manifest["counts"]["read"] == 5 and manifest["token_cache"]["dir"] is None
+    assert not (tmp_path / ".cache" / "etl").exists()
 
 
 def test_file_and_glob_sources(tmp_path: Path, flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
