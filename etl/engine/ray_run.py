@@ -77,8 +77,7 @@ def _pipeline(sources: list[Source], res: Resources, staging: Path, *, cpus: int
     raw = ray.data.read_datasource(
         ChunkSource(sources, chunk_bytes=cfg.chunk_bytes, max_items=cfg.max_items), num_cpus=0.5
     )
-    # One chunk per block: Ray's block sizing would otherwise merge chunk rows and serialize them.
-    parsed = raw.repartition(target_num_rows_per_block=1).map_batches(
+    parsed = _one_chunk_per_block(raw).map_batches(
         parse_batch, fn_kwargs={"query": res.builder_query()}, batch_size=1, batch_format="pyarrow",
         num_cpus=PARSE_CPUS,
     )
@@ -86,13 +85,33 @@ def _pipeline(sources: list[Source], res: Resources, staging: Path, *, cpus: int
         parsed = parsed.materialize()  # read once for both the keys and the work (object store)
         earlier = earlier_keys(parsed, sources, exact=cfg.dedup_mode == "exact",
                                split_seed=cfg.split_seed, partitions=partitions)
-        parsed = parsed.join(earlier, "left_outer", num_partitions=partitions, on=("file", "chunk"))
-        parsed = parsed.repartition(target_num_rows_per_block=1)
+        # Materialized before the actors start: its shuffle tasks ask for a whole CPU each, which a
+        # 1-CPU cluster never frees beside an actor's 0.5 (a hang). A join emits nothing before
+        # its last input anyway, so the actors lose no overlap.
+        parsed = parsed.join(earlier, "left_outer", num_partitions=partitions, on=("file", "chunk")).materialize()
+        parsed = _one_chunk_per_block(parsed)
     return parsed.map_batches(
         ChunkProcessor, fn_constructor_kwargs={"plan": _plan_for_workers(res.plan, size), "sources": sources, "staging": str(staging),
                                                "identity": identity, "threads": THREADS_PER_ACTOR, "cache": cache},
         batch_size=1, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=ACTOR_CPUS,
     )
+
+
+def _one_chunk_per_block(dataset: Any) -> Any:
+    """`dataset` re-cut to one chunk row per block: Ray's block sizing would otherwise merge chunk
+    rows and serialize them, and hand several chunks to one actor.
+
+    Its tasks only slice blocks, so they reserve no CPU. With Ray's default of one, a cluster of
+    1 CPU never started them (a hang: the actor's 0.5 and a file's read task's 0.5 held it all;
+    `ray start --num-cpus 1`), and on 2 CPUs each waited for a whole CPU beside the actors. Ray
+    Data's `repartition` takes no resource arguments, so they are set on its operator, where
+    Ray 2.5x keeps them (`ray_remote_args`); another Ray keeps its default.
+    """
+    out = dataset.repartition(target_num_rows_per_block=1)
+    remote_args = getattr(getattr(getattr(out, "_logical_plan", None), "dag", None), "ray_remote_args", None)
+    if isinstance(remote_args, dict):
+        remote_args["num_cpus"] = 0
+    return out
 
 
 def for_workers(config: RunConfig, input_bytes: int | None = None) -> RunConfig:

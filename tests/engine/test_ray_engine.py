@@ -7,15 +7,11 @@ file lock keeps two xdist workers from running clusters at once.
 
 from __future__ import annotations
 
-import fcntl
 import gzip
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +21,8 @@ import pytest
 
 from etl.config.run_config import RunConfig
 from etl.pipeline.run import run as run_local
-from tests.ingest.s3_server import S3, s3_environment, s3_server
+from tests.engine.cluster import local_cluster
+from tests.ingest.s3_server import S3, s3_server
 from tests.ingest.test_uri import _raw
 
 ray = pytest.importorskip("ray")
@@ -41,24 +38,8 @@ pytestmark = pytest.mark.xdist_group("ray")
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A 2-CPU local cluster for the module; yields the environment a driver subprocess joins it with."""
-    lock = open(tmp_path_factory.getbasetemp().parent / "etl-ray.lock", "w")  # noqa: SIM115
-    fcntl.flock(lock, fcntl.LOCK_EX)  # the other xdist worker's cluster is gone first
-    home = Path(tempfile.mkdtemp(prefix="etl-ray-"))  # short: Ray's socket paths have a length limit
-    old_home = os.environ.get("HOME")
-    os.environ["HOME"] = str(home)  # Ray 2.60 writes ~/.ray/auth_token
-    aws = pytest.MonkeyPatch()  # the workers inherit it: fake credentials for the s3:// SRC test
-    for name, value in s3_environment(home).items():
-        aws.setenv(name, value)
-    try:
-        info = ray.init(num_cpus=2, _temp_dir=str(home / "t"), include_dashboard=False,
-                        configure_logging=False, log_to_driver=False)
-        yield {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO), "RAY_ADDRESS": info.address_info["address"]}
-    finally:
-        ray.shutdown()
-        aws.undo()
-        os.environ["HOME"] = old_home if old_home is not None else ""
-        shutil.rmtree(home, ignore_errors=True)
-        lock.close()
+    with local_cluster(tmp_path_factory, cpus=2) as env:
+        yield env
 
 
 def _chat(i: int) -> dict[str, object]:
