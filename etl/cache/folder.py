@@ -56,10 +56,16 @@ class CacheSettings:
     max_bytes: int = int(DEFAULT_MAX_GB * 1e9)
     guard: CacheGuard = field(default_factory=CacheGuard, compare=False, repr=False)
 
+    # Why no folder means no cache (docs/token-cache.md): with gigatoken encoding ~40x faster than
+    # `tokenizers`, the ids a warm run reads back save less than the cache costs. On all of T0
+    # (Qwen2.5, `python bench/token_cache.py --rounds 2`) filling it made a first run 7.4% slower,
+    # and a warm rerun at another --seq-len was 1.66x faster than a run without it: short of the
+    # 5% and 3x that would earn it a default (the lookup, reading parsed chunks back, the plan,
+    # the assembly and the write remain).
     @classmethod
     def resolve(cls, folder: str | None = None, *, disabled: bool = False, max_gb: float | None = None) -> CacheSettings:
         """--cache DIR / --no-cache / --cache-max-gb, else $ETL_CACHE_DIR and $ETL_CACHE_MAX_GB; with
-        neither folder, no cache (OFF_BY_DEFAULT says why)."""
+        neither folder, no cache."""
         named = folder or os.environ.get(ENV_DIR)
         root = None if disabled or not named else Path(named).expanduser()
         return cls(root, max_bytes(max_gb))
@@ -68,15 +74,6 @@ class CacheSettings:
 def lazy_tokenizer(cache: CacheSettings | None) -> bool:
     """With a cache folder, tokenizer.json is parsed only when a question or a text is not cached."""
     return cache is not None and cache.root is not None
-
-
-# Why `etl run` keeps no cache unless told where (docs/token-cache.md). With gigatoken encoding
-# ~40x faster than `tokenizers`, the ids a warm run reads back save less than the cache costs: on
-# all of T0 (Qwen2.5, `python bench/token_cache.py --rounds 2`) filling it made a first run 7.4%
-# slower, and a warm rerun at another --seq-len was 1.66x faster than a run without it, short of
-# the 5% and 3x that would earn it a default (its lookup, parse read-back, planning, assembly and
-# write remain).
-OFF_BY_DEFAULT = "off by default: --cache DIR or $ETL_CACHE_DIR keeps one"
 
 
 def default_root() -> Path:

@@ -76,8 +76,8 @@ def _add_cache_flags(p: argparse.ArgumentParser) -> None:
     """The token cache's flags (docs/token-cache.md)."""
     p.add_argument("--cache", metavar="DIR", help="keep a token cache in DIR: content ids and parsed input chunks "
                    "kept across runs, so a rerun with other options neither tokenizes nor parses again (default "
-                   "$ETL_CACHE_DIR; with neither, no cache: a first run costs ~7%% more with one, a rerun at "
-                   "another --seq-len ~1.7x less, docs/token-cache.md)")
+                   "$ETL_CACHE_DIR; with neither, no cache: filling one costs a first run ~7%%, and a rerun at "
+                   "another --seq-len runs ~1.7x faster, docs/token-cache.md)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor fill the token cache, even with "
                    "$ETL_CACHE_DIR set")
     p.add_argument("--cache-max-gb", type=float, metavar="GB", help="the cache's size cap; the least recently "

@@ -91,8 +91,8 @@ def test_file_and_glob_sources(tmp_path: Path, flags: list[str], capsys: pytest.
 
 def test_a_hidden_folder_inside_src_is_not_input(tmp_path: Path, flags: list[str]) -> None:
     """etl never reads hidden or underscore-prefixed folders of SRC (`etl.ingest.discover`): a
-    cache there is fine, and the second run still reads 20 records (so `etl run ~ d` with the
-    default ~/.cache/etl/tokens is not refused)."""
+    cache there is fine, and the second run still reads 20 records (so `etl run ~ d --cache
+    ~/.cache/etl/tokens` is not refused)."""
     src = write_jsonl(tmp_path / "s" / "chats.jsonl", chats(20)).parent
     for _ in range(2):
         manifest = etl_run(src, tmp_path / "d", *flags, "--cache", str(src / ".cache" / "tokens"))

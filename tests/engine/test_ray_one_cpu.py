@@ -6,18 +6,17 @@ byte for byte, dedup included. The cluster is `ray start`'s, in its own processe
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from etl.pipeline.run import run as run_local
+from tests.engine.cluster import cluster_home
 
 pytest.importorskip("ray")
 from tests.engine.test_ray_engine import CONFIG, REPO, _fixture, _same
@@ -35,19 +34,16 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def one_cpu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     """(address, environment) of a 1-CPU head node started with `ray start`, stopped after."""
-    lock = open(tmp_path_factory.getbasetemp().parent / "etl-ray.lock", "w")  # noqa: SIM115
-    fcntl.flock(lock, fcntl.LOCK_EX)  # no other test cluster meanwhile
-    home = Path(tempfile.mkdtemp(prefix="etl-ray1-"))  # short: Ray's socket paths have a length limit
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env |= {"HOME": str(home), "PYTHONPATH": str(REPO)}  # the cluster's ~/.ray/auth_token is the driver's
-    port = _free_port()
-    try:
-        subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                        f"--temp-dir={home / 't'}"], env=env, check=True, capture_output=True)
-        yield f"127.0.0.1:{port}", env
-    finally:
-        subprocess.run([RAY, "stop", "--force"], env=env, check=False, capture_output=True)
-        lock.close()
+    with cluster_home(tmp_path_factory) as home:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env |= {"HOME": str(home), "PYTHONPATH": str(REPO)}  # the cluster's ~/.ray/auth_token is the driver's
+        port = _free_port()
+        try:
+            subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                            f"--temp-dir={home / 't'}"], env=env, check=True, capture_output=True)
+            yield f"127.0.0.1:{port}", env
+        finally:
+            subprocess.run([RAY, "stop", "--force"], env=env, check=False, capture_output=True)
 
 
 # The driver, in a process of its own that joins the cluster at RAY_ADDRESS.
