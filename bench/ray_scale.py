@@ -12,20 +12,18 @@ same files).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from engines import PORT
-from etl_throughput import QWEN, T0
-from scale import SEQ_LEN, parts_digest, write_scaled
+from etl_throughput import QWEN
+from scale import SEQ_LEN, cli, on_scaled, parts_digest
 
 RUNS = ("local", "ray", "cluster-1", "cluster-2")  # cluster-N: a job on `ray start --num-cpus N`
 
@@ -82,24 +80,11 @@ def measure(src: Path, work: Path, rounds: int) -> list[str]:
 
 def results(factor: int = 10, rounds: int = 1) -> str:
     """The section as markdown (bench/results.py's `optional_table`); empty without ../shared."""
-    if not T0.is_file() or not QWEN.is_dir():
-        return ""
-    with tempfile.TemporaryDirectory(prefix="etl-ray-scale-") as tmp:
-        src = write_scaled(Path(tmp) / f"t0-x{factor}.jsonl", factor, Path(tmp))
-        return "\n".join(measure(src, Path(tmp), rounds))
+    return on_scaled(measure, factor, rounds, "etl-ray-scale-")
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--factor", type=int, default=10, help="copies of all of T0")
-    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds")
-    args = p.parse_args()
-    text = results(args.factor, args.rounds)
-    if not text:
-        print(f"benchmark data not found ({T0}); it lives in ../shared/data", file=sys.stderr)
-        return 1
-    print(text)
-    return 0
+    return cli(results, __doc__ or "", rounds=1)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
@@ -118,29 +119,40 @@ def measure(src: Path, tmp: Path, rounds: int) -> list[str]:
     return lines
 
 
-def results(factor: int = 10, rounds: int = 2) -> str:
-    """The section as markdown (bench/results.py's `optional_table`); empty without ../shared."""
+def on_scaled(measure_fn: Callable[[Path, Path, int], list[str]], factor: int, rounds: int, prefix: str) -> str:
+    """`measure_fn(src, tmp, rounds)`'s lines, as markdown, on T0 x`factor` written in a temporary
+    folder; empty without ../shared. bench/ray_scale.py measures on the same data."""
     if not T0.is_file() or not QWEN.is_dir():
         return ""
-    with tempfile.TemporaryDirectory(prefix="etl-scale-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         src = write_scaled(Path(tmp) / f"t0-x{factor}.jsonl", factor, Path(tmp))
-        return "\n".join(measure(src, Path(tmp), rounds))
+        return "\n".join(measure_fn(src, Path(tmp), rounds))
+
+
+def cli(results_fn: Callable[[int, int], str], doc: str, rounds: int) -> int:
+    """The command line of a T0 x`factor` bench: --factor, --rounds, then the table."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--factor", type=int, default=10, help="copies of all of T0")
+    p.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds")
+    args = p.parse_args()
+    text = results_fn(args.factor, args.rounds)
+    if not text:
+        print(f"benchmark data not found ({T0}); it lives in ../shared/data", file=sys.stderr)
+        return 1
+    print(text)
+    return 0
+
+
+def results(factor: int = 10, rounds: int = 2) -> str:
+    """The section as markdown (bench/results.py's `optional_table`); empty without ../shared."""
+    return on_scaled(measure, factor, rounds, "etl-scale-")
 
 
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "bare":
         bare(Path(sys.argv[2]))
         return 0
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--factor", type=int, default=10, help="copies of all of T0")
-    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds")
-    args = p.parse_args()
-    text = results(args.factor, args.rounds)
-    if not text:
-        print(f"benchmark data not found ({T0}); it lives in ../shared/data", file=sys.stderr)
-        return 1
-    print(text)
-    return 0
+    return cli(results, __doc__ or "", rounds=2)
 
 
 if __name__ == "__main__":
