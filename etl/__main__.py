@@ -1,5 +1,5 @@
 """`python -m etl` is the same as the `etl` console script."""
 
-from etl.cli import main
+from etl.cli import entry
 
-raise SystemExit(main())
+entry()

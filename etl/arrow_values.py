@@ -20,6 +20,11 @@ def numbers_of(column: pa.Array | pa.ChunkedArray, dtype: type[np.generic]) -> n
     return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
 
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """No rows of `schema` (`Schema.empty_table` imports pandas)."""
+    return pa.Table.from_batches([], schema=schema)
+
+
 def string_array(values: list[str]) -> pa.StringArray:
     """Python strings as an Arrow string array."""
     data = [v.encode("utf-8") for v in values]
@@ -27,13 +32,18 @@ def string_array(values: list[str]) -> pa.StringArray:
     return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(b"".join(data)))
 
 
+def list_offsets(lists: pa.Array) -> np.ndarray:
+    """The len + 1 offsets of a list or large_list array into its whole child (`lists.values`),
+    int32 or int64 as stored: a view, where `lists.offsets.to_numpy()` imports pandas."""
+    width = np.int64 if pa.types.is_large_list(lists.type) else np.int32
+    return np.frombuffer(lists.buffers()[1], width)[lists.offset : lists.offset + len(lists) + 1]
+
+
 def list_lengths(lists: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """int64 value count of each list (0 for a null list, as `pc.list_flatten` skips its values)."""
     if isinstance(lists, pa.ChunkedArray):
         lists = lists.combine_chunks()
-    width = np.int64 if pa.types.is_large_list(lists.type) else np.int32
-    offsets = np.frombuffer(lists.buffers()[1], width)[lists.offset : lists.offset + len(lists) + 1]
-    lengths = np.diff(offsets).astype(np.int64)
+    lengths = np.diff(list_offsets(lists)).astype(np.int64)
     if lists.null_count:
         bits = np.unpackbits(np.frombuffer(lists.buffers()[0], np.uint8), bitorder="little")
         lengths *= bits[lists.offset : lists.offset + len(lists)]
@@ -41,9 +51,11 @@ def list_lengths(lists: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def from_numpy(values: np.ndarray) -> pa.Array:
-    """A 1-d numeric numpy array as an Arrow array over the same memory (no nulls)."""
+    """A 1-d numeric numpy array as an Arrow array over the same memory (no nulls); a bool one
+    packed to Arrow's bits (one copy, an eighth of the size)."""
     values = np.ascontiguousarray(values)
-    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+    data = np.packbits(values, bitorder="little") if values.dtype == np.bool_ else values
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(data)])
 
 
 def valid_mask(values: pa.Array) -> np.ndarray:

@@ -23,6 +23,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from etl.arrow_values import empty_table
 from etl.columns import SOURCE_LINE
 
 # The raw chunk's columns, as every statement prepared here is planned for them.
@@ -34,17 +35,13 @@ _names = itertools.count()
 _lock = threading.Lock()
 
 
-def _empty() -> pa.Table:
-    """No rows: `Schema.empty_table` imports pandas where it is installed (docs/design.md,
-    Measured costs)."""
-    return pa.Table.from_batches([], schema=RAW_COLUMNS)
 
 
 class ChunkStream:
     """The Arrow stream of whichever chunk is being parsed: what a prepared plan scans."""
 
     def __init__(self) -> None:
-        self.table = _empty()
+        self.table = empty_table(RAW_COLUMNS)
 
     def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
         return self.table.__arrow_c_stream__(requested_schema)
@@ -84,7 +81,7 @@ class Statements:
         try:
             return con.sql(f"execute {name}").to_arrow_table()
         finally:
-            self.stream.table = _empty()  # the chunk's memory is not kept
+            self.stream.table = empty_table(RAW_COLUMNS)  # the chunk's memory is not kept
 
 
 _STATEMENTS: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, Statements] = weakref.WeakKeyDictionary()

@@ -17,6 +17,7 @@ import polars as pl
 import pyarrow as pa
 
 from etl import columns as c
+from etl.arrow_values import from_numpy, list_offsets, numbers_of
 from etl.ragged import gather_pieces
 from etl.tokens.tool_format import WITH_TOOLS
 
@@ -45,17 +46,17 @@ class Assembled:
         return np.where(lengths > 0, counts, 0).astype(np.int32)
 
     def list_arrays(self) -> tuple[pa.ListArray, pa.ListArray]:
-        offsets = pa.array(self.offsets.astype(np.int32))
+        offsets = from_numpy(self.offsets.astype(np.int32))
         return (
-            pa.ListArray.from_arrays(offsets, pa.array(self.ids, pa.int32())),
-            pa.ListArray.from_arrays(offsets, pa.array(self.mask, pa.bool_())),
+            pa.ListArray.from_arrays(offsets, from_numpy(self.ids.astype(np.int32, copy=False))),
+            pa.ListArray.from_arrays(offsets, from_numpy(self.mask.astype(np.bool_, copy=False))),
         )
 
     def weight_array(self) -> pa.ListArray | None:
         if self.weight is None:
             return None
-        offsets = pa.array(self.offsets.astype(np.int32))
-        return pa.ListArray.from_arrays(offsets, pa.array(self.weight, pa.float32()))
+        offsets = from_numpy(self.offsets.astype(np.int32))
+        return pa.ListArray.from_arrays(offsets, from_numpy(self.weight.astype(np.float32, copy=False)))
 
 
 def _list_parts(col: pl.Series) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
@@ -69,9 +70,9 @@ def _list_parts(col: pl.Series) -> tuple[list[np.ndarray], np.ndarray, np.ndarra
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks()
         arr = arr.cast(pa.large_list(pa.int32()))
-        offsets = arr.offsets.to_numpy()
+        offsets = list_offsets(arr)
         # `values` is the whole child array, shared by every chunk sliced from one array.
-        values = arr.values.to_numpy(zero_copy_only=False)
+        values = numbers_of(arr.values, np.int32)
         flats.append(values[offsets[0] : offsets[-1]] if len(offsets) else values[:0])
         chunk.append(np.full(len(arr), j, dtype=np.int64))
         starts.append(offsets[:-1] - (offsets[0] if len(offsets) else 0))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from etl import columns as c
+from etl.arrow_values import empty_table
 from etl.cache.apart import check_apart
 from etl.config.run_config import RunConfig, RunSettings, RunSource
 from etl.errors import EtlError
@@ -134,7 +135,7 @@ def drive(
 def _write_empty_rejects(parts: PartWriter) -> None:
     """The output's layout has _rejects/part-00000: present, and empty when nothing was rejected."""
     if not parts.count(c.REJECTS_DIR):
-        parts.write(c.REJECTS_DIR, REJECTS_SCHEMA.empty_table())
+        parts.write(c.REJECTS_DIR, empty_table(REJECTS_SCHEMA))
 
 
 def finish(res: Resources, inputs: list[Source], counts: Counts, output: OutputWriter,

@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from etl.arrow_values import list_offsets, numbers_of
 from etl.columns import CALLS, CONTENT, IMAGE_AT, REASONING
 from etl.ragged import range_gather
 from etl.tokens.joins import Join
@@ -108,8 +109,8 @@ def split_runs(runs: pa.LargeListArray, key: np.ndarray, ids: TemplateIds
     joins = join_list(ids)
     lead, lead_len = (a[key] for a in _table([lead.ids for lead, _ in joins]))
     trail, trail_len = (a[key] for a in _table([trail.ids[::-1] for _, trail in joins]))
-    offsets = runs.offsets.to_numpy()
-    values = runs.values.to_numpy(zero_copy_only=False)
+    offsets = list_offsets(runs).astype(np.int64, copy=False)
+    values = numbers_of(runs.values, np.int32)  # ids: int32 (`TextTokenizer.encode_texts`)
     starts, lengths = offsets[:-1], np.diff(offsets)
     k = _common(values, starts, lengths, lead, lead_len, step=1)
     m = _common(values, offsets[1:] - 1, lengths - k, trail, trail_len, step=-1)

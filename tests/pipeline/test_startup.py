@@ -13,6 +13,7 @@ import pytest
 import etl.pipeline.resources
 import etl.pipeline.run
 from etl.config.run_config import RunConfig
+from etl.errors import EXIT_ERROR
 from etl.pipeline.run import run as etl_run
 
 
@@ -52,3 +53,57 @@ def test_timings_show_the_start_up_before_the_first_parse(tmp_path: Path):
     stages = dict(part.strip().rsplit(" ", 1) for part in line.split(":", 1)[1].split(","))
     if sys.platform.startswith("linux"):  # the process's age comes from /proc
         assert float(stages["startup"].rstrip("s")) > 0
+
+
+# A whole run in a fresh interpreter (another test's imports would hide one the run made): gigatoken
+# encodes (its check against `tokenizers` included), turns are assembled and parts written.
+NO_PANDAS = """
+import sys
+from etl.cli import main
+assert "pandas" not in sys.modules, "imported before the run"
+status = main(["run", sys.argv[1], sys.argv[2], "--quiet", "--no-cache", "--tokenizer", sys.argv[3],
+               "--template", "chatml", "--tokenizer-backend", "gigatoken"])
+print(status, "pandas" in sys.modules)
+"""
+
+
+def test_a_run_through_gigatoken_imports_no_pandas(tmp_path: Path):
+    """pyarrow's `to_numpy`, `pa.array` of a numpy array and `Schema.empty_table` import pandas
+    (~0.13 s of the GIL on a warm disk): a run's own steps read and make Arrow buffers instead."""
+    pytest.importorskip("pandas")  # without pandas installed there is nothing to import
+    pytest.importorskip("gigatoken")
+    from tests.cache.common import chats, train_tokenizer, write_jsonl
+
+    src = write_jsonl(tmp_path / "in.jsonl", chats(50))
+    tok = train_tokenizer(tmp_path / "tok" / "tokenizer.json")
+    done = subprocess.run([sys.executable, "-c", NO_PANDAS, str(src), str(tmp_path / "out"), str(tok)],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "False"]
+
+
+EXITING = """
+import atexit, sys
+atexit.register(lambda: print("atexit handler ran"))
+sys.argv = ["etl", *sys.argv[1:]]
+from etl.cli import entry
+entry()
+print("not reached: entry() ends the process")
+"""
+
+
+def test_the_console_entry_exits_with_mains_status_after_the_atexit_handlers(tmp_path: Path):
+    """`entry` (the console script, `python -m etl`) skips the interpreter's teardown, not the
+    atexit handlers (Ray's shutdown), the buffered output or the exit status."""
+    src = _chats(tmp_path / "in.jsonl")
+    ran = subprocess.run([sys.executable, "-c", EXITING, "run", str(src), str(tmp_path / "out"), "--quiet"],
+                         capture_output=True, text=True, check=False)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == ["atexit handler ran"]
+    stats = subprocess.run([sys.executable, "-m", "etl", "stats", str(tmp_path / "out")],
+                           capture_output=True, text=True, check=False)
+    assert stats.returncode == 0 and "20" in stats.stdout  # stdout is a pipe: block-buffered, flushed
+    failed = subprocess.run([sys.executable, "-c", EXITING, "run", str(tmp_path / "missing.jsonl"),
+                             str(tmp_path / "out2"), "--quiet"], capture_output=True, text=True, check=False)
+    assert failed.returncode == EXIT_ERROR and "error" in failed.stderr
+    assert failed.stdout.splitlines() == ["atexit handler ran"]
