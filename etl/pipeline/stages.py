@@ -9,21 +9,18 @@ lists with numpy. Column names live in `etl.columns`.
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 from etl.columns import (
     CALLS,
     CALLS_LEN,
     CONTENT,
-    CONTENT_IDS,
     CONTENT_LEN,
     CONV,
     CUT,
     END,
     END_IDS,
     END_LEN,
-    FORM,
     HEADER_IDS,
     HEADER_LEN,
     IMAGE_AT,
@@ -54,21 +51,14 @@ from etl.columns import (
     WINDOW,
 )
 from etl.config.run_config import MaskOptions
-from etl.pipeline.images import ImageSpan, encode_with_images, turn_images
-from etl.pipeline.joins import (
-    JOIN_KEY,
-    LEAD_TRIM,
-    TRAIL_TRIM,
-    join_key,
-    run_offsets,
-    run_texts,
-    split_runs,
-)
-from etl.pipeline.reasoning import NO_WRAP, Encoder, ReasoningRender, encode_wrapped, keep_reasoning
+from etl.pipeline.images import ImageSpan, turn_images
+from etl.pipeline.joins import LEAD_TRIM, TRAIL_TRIM
+from etl.pipeline.reasoning import NO_WRAP, Encoder, ReasoningRender, keep_reasoning
 from etl.pipeline.tools import glue_texts, mark_forms, tokenize_calls, tools_text
 from etl.pipeline.truncation import plan_truncation
+from etl.pipeline.turn_ids import role_number, tokenize_contents
 from etl.tokens.templates import TemplateIds
-from etl.tokens.tool_format import FORMS, WITH_TOOLS, ToolIds
+from etl.tokens.tool_format import ToolIds
 
 
 def _explode_turns(records: pl.LazyFrame) -> pl.LazyFrame:
@@ -153,68 +143,6 @@ def _add_default_system(turns: pl.LazyFrame, *, enabled: bool, tools: bool = Fal
     )
 
 
-def _tokenize_contents(
-    turns: pl.LazyFrame, *, encode: Encoder, template: TemplateIds, system_ids: list[int],
-    reasoning: ReasoningRender = NO_WRAP, span: ImageSpan | None = None,
-) -> pl.LazyFrame:
-    """Content -> ids in one batched tokenizer call, and `CONTENT_LEN`.
-
-    Each content is tokenized with the template text that touches it (`etl.pipeline.joins`), so
-    the turn's ids are those of the whole rendered conversation; `LEAD_TRIM` / `TRAIL_TRIM` say
-    how many header / end ids a token straddling a join took over.
-
-    An injected system turn keeps its empty content's (empty) ids: its `CONTENT_LEN` counts
-    the `system_ids`, which `etl.pipeline.assemble` takes from a constant buffer. Splicing them in per
-    row (`when/then/otherwise` over the list column) copied every id of the chunk twice: 2 x 88
-    MB for one 22 MB message with the byte tokenizer (bench/big_record.py).
-    """
-    ids_type = pl.List(pl.Int32)
-    split_type = pl.Struct({CONTENT_IDS: ids_type, LEAD_TRIM: pl.Int32, TRAIL_TRIM: pl.Int32})
-
-    images = span is not None and IMAGE_AT in turns.collect_schema()
-
-    def encode_runs(runs: pl.Series) -> pl.Series:
-        parts = runs.struct.unnest()
-        ids = (encode_with_images(encode, parts[CONTENT], parts[IMAGE_AT], parts[IMAGE_TOKENS], span)
-               if images and span is not None else encode(parts[CONTENT].to_arrow()))
-        content, lead_trim, trail_trim = split_runs(ids, parts[JOIN_KEY].to_numpy().astype(np.int64), template)
-        return pl.DataFrame({CONTENT_IDS: pl.Series(content, dtype=ids_type),
-                             LEAD_TRIM: lead_trim.astype(np.int32),
-                             TRAIL_TRIM: trail_trim.astype(np.int32)}).to_struct(CONTENT_IDS)
-
-    def encode_reasoning(texts: pl.Series) -> pl.Series:
-        ids = encode_wrapped(encode, texts.to_arrow(), reasoning.prefix, reasoning.suffix)
-        return pl.Series(REASONING_IDS, ids, dtype=ids_type)
-
-    key = join_key(_role_number(template.role_table()), template)
-    image_fields = [run_offsets(pl.col(JOIN_KEY), template).alias(IMAGE_AT), pl.col(IMAGE_TOKENS)] if images else []
-    return (
-        turns.with_columns(key.alias(JOIN_KEY))
-        .with_columns(
-            pl.struct(run_texts(pl.col(JOIN_KEY), template).alias(CONTENT), pl.col(JOIN_KEY), *image_fields)
-            .map_batches(encode_runs, return_dtype=split_type).alias(CONTENT_IDS),
-            pl.col(REASONING).map_batches(encode_reasoning, return_dtype=ids_type).alias(REASONING_IDS),
-        )
-        .unnest(CONTENT_IDS)
-        .with_columns(
-            pl.when(pl.col(INJECTED) & (pl.col(FORM) != WITH_TOOLS))
-            .then(pl.lit(len(system_ids), dtype=pl.Int32))
-            .otherwise(pl.col(CONTENT_IDS).list.len().cast(pl.Int32))
-            .alias(CONTENT_LEN),
-            pl.col(REASONING_IDS).list.len().cast(pl.Int32).alias(REASONING_LEN),
-        )
-        .drop(CONTENT, JOIN_KEY)
-    )
-
-
-def _role_number(role_table: pl.DataFrame) -> pl.Expr:
-    """Each turn's row in the role table: FORMS rows per role, in the table's role order."""
-    roles = role_table[ROLE].unique(maintain_order=True)
-    return pl.col(ROLE).replace_strict(
-        roles, pl.Series(range(0, FORMS * len(roles), FORMS)), default=None, return_dtype=pl.UInt32
-    ) + pl.col(FORM).cast(pl.UInt32)
-
-
 def _attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFrame:
     """Give each turn the header/end/separator ids of its role and form, and piece lengths.
 
@@ -227,7 +155,7 @@ def _attach_template(turns: pl.LazyFrame, role_table: pl.DataFrame) -> pl.LazyFr
     block = pl.col(REASONING).is_not_null()
     lead = pl.when(block).then(0).otherwise(pl.col(LEAD_TRIM))
     return (
-        turns.with_columns(_role_number(role_table).alias("role_number"))
+        turns.with_columns(role_number(role_table).alias("role_number"))
         .with_columns(pl.lit(role_table[ids]).gather(pl.col("role_number")).alias(ids) for ids in pieces)
         .drop("role_number")
         .with_columns(
@@ -350,7 +278,7 @@ def plan_turns(
     turns = mark_forms(turns, tools)
     turns = tokenize_calls(turns, encode, tools)
     turns = glue_texts(turns, tools, default_system=system_text if system_ids is not None else None)
-    turns = _tokenize_contents(turns, encode=encode, template=template, system_ids=system_ids or [],
+    turns = tokenize_contents(turns, encode=encode, template=template, system_ids=system_ids or [],
                                reasoning=reasoning, span=span)
     turns = _attach_template(turns, template.role_table())
     turns = _mark_training(turns, mask)
