@@ -158,7 +158,10 @@ def _init(address: str | None, level: int, where: str = "the cluster",
 
     try:
         # log_to_driver: with --quiet (level ERROR) no worker prints reach this process
-        ray.init(address=address, logging_level=level, log_to_driver=level < logging.ERROR)
+        # A Ray that etl starts for one run has no dashboard: its processes took ~2 s of CPU of a
+        # 2-core machine while the run started (docs/ray.md)
+        started = {} if address else {"include_dashboard": False}
+        ray.init(address=address, logging_level=level, log_to_driver=level < logging.ERROR, **started)
     except ConnectionError as exc:
         # Ray's last try, as text (a traceback in a RuntimeError), after its retries (docs/design.md,
         # Measured costs).

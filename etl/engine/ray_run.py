@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 THREADS_PER_ACTOR = 1
 CPUS_PER_ACTOR = 1
 ACTOR_CPUS = PARSE_CPUS = 0.5
+# Re-cut tasks at once (`_one_chunk_per_block`): they reserve no CPU, so without a cap Ray started
+# a worker process for each block in flight.
+RECUT_TASKS = 1
 
 
 # Input bytes per hash partition of the dedup shuffles: ~24 B of (key, chunk) per ~500 B record,
@@ -107,10 +110,15 @@ def _one_chunk_per_block(dataset: Any) -> Any:
     Data's `repartition` takes no resource arguments, so they are set on its operator, where
     Ray 2.5x keeps them (`ray_remote_args`); another Ray keeps its default.
     """
+    import ray.data
+
     out = dataset.repartition(target_num_rows_per_block=1)
-    remote_args = getattr(getattr(getattr(out, "_logical_plan", None), "dag", None), "ray_remote_args", None)
+    op = getattr(getattr(out, "_logical_plan", None), "dag", None)
+    remote_args = getattr(op, "ray_remote_args", None)
     if isinstance(remote_args, dict):
         remote_args["num_cpus"] = 0
+    if op is not None and hasattr(op, "compute"):  # a frozen dataclass in Ray 2.5x
+        object.__setattr__(op, "compute", ray.data.TaskPoolStrategy(size=RECUT_TASKS))
     return out
 
 
