@@ -155,7 +155,7 @@ def entry() -> None:
     the same way. Callers of `main` (tests, scripts) keep a normal exit.
     """
     status = main()
-    atexit._run_exitfuncs()
+    atexit._run_exitfuncs()  # what a normal exit runs first (CPython's own, not public API)
     with contextlib.suppress(OSError):  # a reader that left (`etl stats | head`) is not an error
         sys.stdout.flush()
         sys.stderr.flush()

@@ -35,8 +35,6 @@ _names = itertools.count()
 _lock = threading.Lock()
 
 
-
-
 class ChunkStream:
     """The Arrow stream of whichever chunk is being parsed: what a prepared plan scans."""
 
