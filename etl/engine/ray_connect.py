@@ -158,8 +158,8 @@ def _init(address: str | None, level: int, where: str = "the cluster",
 
     try:
         # log_to_driver: with --quiet (level ERROR) no worker prints reach this process
-        # A Ray that etl starts for one run has no dashboard: its processes took ~2 s of CPU of a
-        # 2-core machine while the run started (docs/ray.md)
+        # A Ray that etl starts for one run has no dashboard: its start competed with the run's on
+        # 2 cores (T0 x3 `--engine ray`, one run each: 17.3 -> 16.2 s; docs/ray.md)
         started = {} if address else {"include_dashboard": False}
         ray.init(address=address, logging_level=level, log_to_driver=level < logging.ERROR, **started)
     except ConnectionError as exc:

@@ -108,7 +108,8 @@ def _one_chunk_per_block(dataset: Any) -> Any:
     1 CPU never started them (a hang: the actor's 0.5 and a file's read task's 0.5 held it all;
     `ray start --num-cpus 1`), and on 2 CPUs each waited for a whole CPU beside the actors. Ray
     Data's `repartition` takes no resource arguments, so they are set on its operator, where
-    Ray 2.5x keeps them (`ray_remote_args`); another Ray keeps its default.
+    Ray 2.5x keeps them (`ray_remote_args`), with its concurrency (`compute`, RECUT_TASKS: a task
+    reserving no CPU has no limit of its own); another Ray keeps its defaults.
     """
     import ray.data
 
