@@ -121,6 +121,7 @@ def sections(data: Data, slice_path: Path, settings: Settings, failures: list[st
         run_child(etl_cmd(data.tmp / "t0-all.jsonl", every, data.tokenizer), env=child_env(), cwd=str(REPO))
     tables += [section("packing", lambda: packing_table(lengths_of(every), 2048, s.pack_repeats), failures),
                section("loader", lambda: loader_table(data, every, s.loader_batches), failures),
+               section("token cache", lambda: optional_table("token_cache", "Token cache (T0, all chats)"), failures),
                section("token balance", lambda: optional_table("token_balance", "Token balance"), failures),
                section("scale", lambda: optional_table(
                    "scale", "Speed at scale: etl cold on T0 x10 against the bare parse + encode bound"), failures),
