@@ -6,8 +6,8 @@ at their defaults (default system message, S = 2048, 16 MiB chunks). Sections: e
 warm, with its default backend and with `--tokenizer-backend hf`) vs the bare tokenizers and two
 peers (a per-example loop, HF datasets' batched map) on the first 20k chats; etl vs a bare
 `tokenizers` `encode_batch` on all 55k chats; start-up; 1 vs 2 cores; local vs ray engine; peak RSS
-at 10x and 50x a 5k-chat slice with each backend; packing; loader tokens/s padded and packed; token
-balance; speed at scale (T0 x10, 650 MB, against a bare read_ndjson + gigatoken bound); Ray on T0 x10
+at 10x and 50x a 5k-chat slice with each backend; packing; loader tokens/s padded and packed; the token
+cache (all of T0: a rerun at another S, the cost of filling it); token balance; speed at scale (T0 x10, 650 MB, against a bare read_ndjson + gigatoken bound); Ray on T0 x10
 (local, self-started, a cluster of 1 and of 2 CPUs); images; preference pairs (hh-rlhf: etl vs TRL's `_prepare_dataset`, padded vs prefix-shared packed).
 Each figure comes with its command. About 13-16 minutes; `--quick` (2k chats, 2x and 4x a 1k slice,
 one round) about 5 minutes, 2 of them bench/engines.py's (all of T0 even then).
