@@ -57,11 +57,11 @@ def process_age() -> float | None:
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 # bytes: allocations this large get their own pages, freed at once. Above a chunk's ids (~14 MiB
-# for 16 MiB of chat) and its raw block (16 MiB and the last block's unfinished line), so those
-# come back from the heap; at 1 MiB every one was fresh pages, zeroed by the kernel: 7.9 s of
-# system time on T0 x10 against 4.8 s (bench/scale.py). 32 MiB against 16: T0 x10 page faults
-# -18%, wall -6%, peak RSS +58 MiB (864 -> 922 MiB); T0 20k and all of T0 -3% wall (interleaved pairs).
-MMAP_THRESHOLD = 32 << 20
+# for 16 MiB of chat), so those come back from the heap; at 1 MiB every one was fresh pages,
+# zeroed by the kernel: 7.9 s of system time on T0 x10 against 4.8 s (bench/scale.py). 32 MiB
+# (the raw block from the heap too) ran T0 x10 ~6% faster but peaked at 922-949 MiB against
+# ~850-880: too near the 1 GiB that run must stay under (bench/results.md, Speed at scale).
+MMAP_THRESHOLD = 16 << 20
 ARENA_MAX = 2
 
 
