@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from etl.errors import EtlWarning
 from etl.ingest.decompress import CorruptFile
 from etl.ingest.discover import UnreadableFile, discover
-from etl.ingest.reader import is_utf8, read_chunks
+from etl.ingest.lines import is_utf8
+from etl.ingest.reader import read_chunks
 
 
 def _source(path: Path):
